@@ -6,12 +6,13 @@ type names from here; every client (`api/daemon_client.py`'s `open_daemon`, the 
 builds its frames with the builders below and reads the daemon's with `decode`.
 
 Frames are plain dicts of JSON; the full protocol is in docs/pages/protocol.md
-("WebSocket protocol"). Importing this module costs nothing beyond `json`.
+("WebSocket protocol"). Importing this module costs nothing beyond `json` and `secrets`.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -207,6 +208,17 @@ def message(
     if mode:
         frame["mode"] = mode
     return frame
+
+
+def new_session_id() -> str:
+    """A new session's id, chosen by the client (its first message makes the session)."""
+    return "s-" + secrets.token_hex(6)
+
+
+def message_key() -> str:
+    """A new client key for a message (16 URL-safe characters): sent again with it, the
+    message is not run twice."""
+    return secrets.token_urlsafe(12)
 
 
 def approval(approve: bool, session_id: str, call_id: str, scope: str = "once") -> Frame:

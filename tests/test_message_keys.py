@@ -39,9 +39,13 @@ SID = "alice.keys"
 
 
 @asynccontextmanager
-async def _serve_again(tmp_path: Path, first: Daemon) -> AsyncIterator[Daemon]:
-    """A daemon started again on the database of `first` (closed): its users, its tokens."""
-    async with open_harness(tmp_path, replies=[{"text": "after the restart"}]) as h:
+async def serve_again(
+    tmp_path: Path, first: Daemon, replies: list[Frame] | None = None
+) -> AsyncIterator[Daemon]:
+    """A daemon started again on the database of `first` (closed): its users, its tokens;
+    its LLM's `replies` (default: one, "after the restart")."""
+    replies = [{"text": "after the restart"}] if replies is None else replies
+    async with open_harness(tmp_path, replies=replies) as h:
         async with trio.open_nursery() as nursery:
             server = ApiServer(h.runtime, host="127.0.0.1", port=0)
             port = await nursery.start(server.run)
@@ -96,7 +100,7 @@ async def test_a_key_sent_again_runs_once_on_one_connection_after_a_reconnect_an
                 reconnected = await _send(c, _message("hello", "k-1"))
                 assert await _users(c) == ["hello"]
             daemon = d
-        async with _serve_again(tmp_path, daemon) as d, d.connect("alice") as c:
+        async with serve_again(tmp_path, daemon) as d, d.connect("alice") as c:
             restarted = await _send(c, _message("hello", "k-1"))
             assert await _users(c) == ["hello"]
             # A new key runs: the LLM's next reply is this one's, none was taken meanwhile.

@@ -2,9 +2,11 @@
 
 Every session is a navi session of the daemon, reached through `open_daemon`: each
 prompt sends the message on a connection of its own and follows its run to the
-top-level ``stream_end``; approvals become ``session/request_permission``;
-``session/cancel`` sends navi's ``stop``. The editor's MCP servers run in this process,
-their calls coming back on the prompt's connection as ``client_tool_call`` frames.
+top-level ``stream_end``, through drops (`open_redialing`: dialled again, the editor's
+tools declared again, the message sent again with its key, so it runs once);
+approvals become ``session/request_permission``; ``session/cancel`` sends navi's
+``stop``. The editor's MCP servers run in this process, their calls coming back on the
+prompt's connection as ``client_tool_call`` frames.
 
 Requests are validated with the SDK's schema models: a bad request is an ``Invalid
 params`` error naming the field, and the agent goes on. When stdin closes, the runs in
@@ -39,6 +41,7 @@ from navi_trio.acp.jsonrpc import (
     RpcError,
 )
 from navi_trio.acp.servers import EditorServers, ServerHost
+from navi_trio.api.redial import BACKOFF_FIRST
 from navi_trio.approval_text import grant_line, part_lines
 from navi_trio.command_text import CommandTooLongError, expand_command, usable
 from navi_trio.errors import NaviError, RemoteError
@@ -130,6 +133,8 @@ class Agent:
     default_profile: str | None = attrs.field(alias="profile")
     # Where the editor's MCP servers run (None: refused).
     server_host: ServerHost | None = attrs.field(default=None, alias="servers")
+    # The first wait before dialling the daemon again after a drop (a test's: 0).
+    backoff: float = attrs.field(default=BACKOFF_FIRST, kw_only=True)
     sessions: dict[str, Session] = attrs.field(factory=dict, init=False)
     peer: Peer | None = attrs.field(default=None, init=False)
 
@@ -483,20 +488,31 @@ class Agent:
         return f"navi: rewound to before {text!r} ({removed} messages removed, files restored)"
 
     async def _run(self, session: Session, prompt: Prompt, text: str) -> Any:
-        from navi_trio.api.daemon_client import OurRun
+        from navi_trio.api.daemon_client import DaemonConnection, OurRun
+        from navi_trio.api.redial import open_redialing
 
         sid = session.session_id
         mapper = up.Updates(session.cwd)
         end: Frame | None = None
         failure = ""  # the run's own error event, if any
+        servers = session.servers
+
+        async def declare(daemon: DaemonConnection) -> None:
+            """On each connection: the daemon calls them through it, for this run."""
+            if servers is not None and servers.tools:
+                await daemon.request(servers.declaration(sid))
+
         with daemon_errors():
             async with (
-                self.backend.connect() as daemon,
+                open_redialing(
+                    self.backend.connect,
+                    url=self.backend.url,
+                    backoff=self.backoff,
+                    on_connect=declare,
+                ) as daemon,
                 trio.open_nursery() as nursery,
             ):
-                if session.servers is not None and session.servers.tools:
-                    # On this connection: the daemon calls them through it, for this run.
-                    await daemon.request(session.servers.declaration(sid))
+                await declare(daemon.daemon)
                 accepted = await daemon.send_message(
                     text,
                     session_id=sid,

@@ -162,6 +162,34 @@ class DaemonConnection:
             f"the daemon at {self.url} closed the connection ({reason})", reason=reason
         )
 
+    # -- following a session across connections -----------------------------------------
+
+    async def follow(self, session_id: str) -> None:
+        """Subscribe to `session_id` live, its mark at the session's seq then (the reply's;
+        no session yet: 0), so that a later connection that `carry`s this one's marks is
+        replayed every frame of it since, even when none came here (an ``ok`` lost)."""
+        try:
+            reply = await self.request(wire.subscribe(session_id, None))
+        except RemoteError as exc:
+            if exc.code != "not_found":
+                raise
+            reply = {}  # a new session: its message makes it, its frames count from 1
+        if session_id not in self._seen:
+            seq = reply.get("seq")
+            self._seen[session_id] = (seq if isinstance(seq, int) else 0, None)
+
+    def mark(self, session_id: str) -> tuple[int, str | None] | None:
+        """The seq (and epoch) of the last frame of `session_id` handed on, if any."""
+        return self._seen.get(session_id)
+
+    def carry(self, old: DaemonConnection) -> None:
+        """Go on from `old`, a connection that dropped: its sessions' marks, and the frames
+        it read and did not hand on yet (before any of this one's)."""
+        for sid, mark in old._seen.items():
+            self._seen.setdefault(sid, mark)
+        self._pending.extendleft(reversed(old._pending))
+        old._pending.clear()
+
     # -- receiving ----------------------------------------------------------------------
 
     async def receive(self) -> Frame:

@@ -4,13 +4,17 @@
         frame = await run.receive()          # the run's session frames, stream_end last
 
 `ask` connects, says hello, sends the message and waits for its ``ok``; a message the
-peer queued behind other runs is followed from the start of its own run (`OurRun`).
+peer queued behind other runs is followed from the start of its own run (`OurRun`). A
+connection that drops before the run's end is dialled again and the message sent again
+with its key (`Redialing`): the peer runs it once; a new session's id is chosen here,
+as the key is the session's.
 
 When the calling tool is cancelled (our run stopped, its task cancelled, its timeout),
 the peer's run must be stopped too and the peer heard confirming it, so each connection
 lives in the link's own nursery, not under the caller's cancel scope: leaving `ask`
 before the run's stream_end sends ``stop`` and waits for the run to end, shielded, within
-`STOP_GRACE` seconds; then the connection closes, whatever the peer does.
+`STOP_GRACE` seconds; then the connection closes (within `CLOSE_GRACE`), whatever the
+peer does.
 
 Failures are `PeerUnreachableError`, `PeerRefusedError` and `PeerError`. The token goes
 into the hello frame and nowhere else. When the daemon traces, the message carries the
@@ -21,12 +25,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 
 import trio
 
 from navi_trio.actor import NurseryHolder
 from navi_trio.api.daemon_client import DaemonConnection, OurRun, open_daemon
+from navi_trio.api.redial import BACKOFF_FIRST, RETRIES, Redialing
 from navi_trio.errors import (
     DaemonUnreachableError,
     PeerError,
@@ -34,7 +39,7 @@ from navi_trio.errors import (
     PeerUnreachableError,
     RemoteError,
 )
-from navi_trio.wire import Frame
+from navi_trio.wire import Frame, new_session_id
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +66,7 @@ def _as_peer_errors(connected: bool = True) -> Iterator[None]:
 class _Run:
     """One message's run on the peer, as `WsPeerLink.ask` yields it."""
 
-    def __init__(self, daemon: DaemonConnection, run: OurRun, created: bool) -> None:
+    def __init__(self, daemon: Redialing, run: OurRun, created: bool) -> None:
         self._daemon = daemon
         self._run = run
         self.session_id = run.session_id
@@ -90,6 +95,9 @@ class _Run:
 class WsPeerLink(NurseryHolder):
     """The runtime's link to peers; `run` hosts the connections."""
 
+    retries: int = RETRIES  # dials again after a drop (a test may lower the backoff)
+    backoff: float = BACKOFF_FIRST
+
     @asynccontextmanager
     async def ask(
         self,
@@ -103,40 +111,35 @@ class WsPeerLink(NurseryHolder):
     ) -> AsyncIterator[_Run]:
         if not self.running:
             raise PeerError("the peer link is not running (the daemon is stopping)")
-        done = trio.Event()
-        scope = trio.CancelScope()  # the connection's, if its close takes too long
 
-        async def hold(*, task_status: trio.TaskStatus[DaemonConnection]) -> None:
-            with scope:
-                async with open_daemon(
-                    url,
-                    token,
-                    connect_timeout=CONNECT_TIMEOUT,
-                    hello_timeout=REPLY_TIMEOUT,
-                    max_frame=MAX_FRAME,
-                ) as daemon:
-                    task_status.started(daemon)
-                    await done.wait()
+        def dial() -> AbstractAsyncContextManager[DaemonConnection]:
+            return open_daemon(
+                url,
+                token,
+                connect_timeout=CONNECT_TIMEOUT,
+                hello_timeout=REPLY_TIMEOUT,
+                max_frame=MAX_FRAME,
+            )
 
+        # The connections live in the link's nursery, not under the caller's cancel scope.
+        daemon = Redialing(dial, self.nursery, url=url, retries=self.retries, backoff=self.backoff)
         with _as_peer_errors(connected=False):
-            daemon: DaemonConnection = await self.nursery.start(hold)
+            await daemon.connect()
         run: _Run | None = None
         try:
+            # A session id of ours for a new session: its message's key is the session's,
+            # so a resend after a drop must name the session the first one made.
+            sid = session_id or new_session_id()
             with _as_peer_errors():
                 accepted = await daemon.send_message(
-                    message,
-                    session_id=session_id,
-                    profile=profile,
-                    trace=trace,
-                    timeout=REPLY_TIMEOUT,
+                    message, session_id=sid, profile=profile, trace=trace, timeout=REPLY_TIMEOUT
                 )
-            run = _Run(daemon, OurRun.of(accepted, message), accepted.created)
+            created = accepted.created or session_id is None
+            run = _Run(daemon, OurRun.of(accepted, message), created)
             yield run
         finally:
             await _close(run)
-            # The connection closes now, within STOP_GRACE whatever the peer does.
-            done.set()
-            scope.deadline = trio.current_time() + STOP_GRACE
+            daemon.close()  # within CLOSE_GRACE whatever the peer does
 
 
 async def _close(run: _Run | None) -> None:

@@ -52,7 +52,7 @@ from navi_trio.settings import Settings
 from navi_trio.store.sqlite import check_session_id
 
 if TYPE_CHECKING:
-    from navi_trio.api.daemon_client import DaemonConnection
+    from navi_trio.api.redial import Redialing
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class NaviBridge:
             run = RemoteRun(req, feed, say=lambda line: print(line, file=sys.stderr, flush=True))
             decide = approver(feed, asker)
 
-            async def check(daemon: DaemonConnection) -> None:
+            async def check(daemon: Redialing) -> None:
                 """What the call names exists, before its message goes."""
                 known = daemon.welcome.get("profiles")
                 if req.profile is not None and isinstance(known, list) and req.profile not in known:

@@ -62,7 +62,7 @@ from navi_trio.tools.sandbox import sandbox_available
 from navi_trio.wire import Frame
 
 if TYPE_CHECKING:
-    from navi_trio.api.daemon_client import DaemonConnection
+    from navi_trio.api.redial import Redialing
 
 
 @attrs.define
@@ -282,7 +282,7 @@ class _BackgroundWait:
     cancel_wanted: trio.Event = attrs.field(factory=trio.Event)
     cancelling: bool = False
 
-    async def run(self, daemon: DaemonConnection) -> None:
+    async def run(self, daemon: Redialing) -> None:
         running = await self._running(daemon)
         if not running:
             return
@@ -309,11 +309,11 @@ class _BackgroundWait:
                 running |= await self._running(daemon)
             nursery.cancel_scope.cancel()
 
-    async def _running(self, daemon: DaemonConnection) -> set[str]:
+    async def _running(self, daemon: Redialing) -> set[str]:
         listed = await daemon.request(wire.tasks("list", self.session_id))
         return {str(t["task_id"]) for t in listed["tasks"] if t.get("status") == "running"}
 
-    async def _cancel(self, daemon: DaemonConnection, running: set[str]) -> None:
+    async def _cancel(self, daemon: Redialing, running: set[str]) -> None:
         await self.cancel_wanted.wait()
         self.cancelling = True
         for task_id in sorted(running):

@@ -8,7 +8,6 @@ the same either way. Nothing here prints; the store and the core are imported on
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,9 +20,11 @@ from navi_trio import wire
 from navi_trio.api.endpoint import Endpoint, connect
 from navi_trio.errors import DaemonUnreachableError, RemoteError, UsageError
 from navi_trio.wire import Frame
+from navi_trio.wire import new_session_id as new_session_id
 
 if TYPE_CHECKING:
-    from navi_trio.api.daemon_client import DaemonConnection, OurRun
+    from navi_trio.api.daemon_client import OurRun
+    from navi_trio.api.redial import Redialing
     from navi_trio.llm.base import LLMBackend
     from navi_trio.profiles import ConfigSource
     from navi_trio.settings import Settings
@@ -33,10 +34,6 @@ _BUSY_SAID = {
     "steer": "message steered into the running turn",
     "interrupt": "the running turn is stopped; this message runs next",
 }
-
-
-def new_session_id() -> str:
-    return "s-" + uuid.uuid4().hex[:12]
 
 
 @attrs.frozen
@@ -104,7 +101,7 @@ class RemoteRun:
 
 # What a caller does on the open connection before the message goes (a check) or after
 # the run ended (navi run: wait for its background jobs in a private daemon).
-OnConnection = Callable[["DaemonConnection"], Awaitable[None]]
+OnConnection = Callable[["Redialing"], Awaitable[None]]
 
 
 async def follow(
@@ -118,14 +115,19 @@ async def follow(
 ) -> None:
     """Send `run.req` and follow it until its stream_end; `on_accepted` runs once the
     daemon took the message. `run.stop()` sends a ``stop`` once the run is ours (while our
-    message is queued it leaves it queued). Failures to reach the daemon are
+    message is queued it leaves it queued). A dropped connection is dialled again and
+    the message sent again with its key (`open_redialing`); a daemon lost for good is
     `DaemonUnreachableError`, refusals `RemoteError`.
     """
     from navi_trio.api.daemon_client import OurRun, remote_error
+    from navi_trio.api.redial import open_redialing
 
     req = run.req
     sid = req.session_id
-    async with connect(endpoint) as daemon, trio.open_nursery() as nursery:
+    async with (
+        open_redialing(lambda: connect(endpoint), url=endpoint.url) as daemon,
+        trio.open_nursery() as nursery,
+    ):
         if before is not None:
             await before(daemon)
 
@@ -148,21 +150,21 @@ async def follow(
         text = req.text
         if req.commands and text.startswith("/"):
             text = await _command_prompt(daemon, text, cwd, run.say)
-        accepted = await daemon.send_message(
-            text,
-            session_id=sid,
-            profile=req.profile,
-            cwd=cwd,
-            mode=req.mode,
-            on_busy=req.on_busy,
-        )
-        on_accepted()
-        queued = "navi: the session is busy: message queued (#{})"
-        ours = run.ours = OurRun.of(accepted, text, lambda n: run.say(queued.format(n)))
-        if accepted.on_busy in ("steer", "interrupt"):
-            run.say(f"navi: the session is busy: {_BUSY_SAID[accepted.on_busy]}")
-        run.accepted.set()
         try:
+            accepted = await daemon.send_message(
+                text,
+                session_id=sid,
+                profile=req.profile,
+                cwd=cwd,
+                mode=req.mode,
+                on_busy=req.on_busy,
+            )
+            on_accepted()
+            queued = "navi: the session is busy: message queued (#{})"
+            ours = run.ours = OurRun.of(accepted, text, lambda n: run.say(queued.format(n)))
+            if accepted.on_busy in ("steer", "interrupt"):
+                run.say(f"navi: the session is busy: {_BUSY_SAID[accepted.on_busy]}")
+            run.accepted.set()
             while not run.finished:
                 frame = await daemon.receive()
                 if frame["type"] == wire.ERROR and not isinstance(frame.get("seq"), int):
@@ -171,19 +173,24 @@ async def follow(
                     if frame["type"] == "approval_request":
                         nursery.start_soon(answer, frame)
                     run.finished = run.sink.show(frame) or ours.dropped
+                elif frame["type"] == wire.RESYNC and frame.get("session_id") == sid:
+                    run.sink.show(frame)  # the frames asked for are gone: said
             if after is not None and not ours.dropped:
                 await after(daemon)
         except DaemonUnreachableError as exc:
+            history = f"`navi sessions history {sid}`"
+            if history in str(exc):
+                raise
             raise DaemonUnreachableError(
-                f"the daemon at {endpoint.url} closed the connection before the run ended: "
-                f"`navi sessions history {sid}` shows what it saved",
+                f"{exc}; the run was not followed to its end: {history} shows what the "
+                "daemon saved",
                 reason=exc.reason,
             ) from None
         nursery.cancel_scope.cancel()
 
 
 async def _command_prompt(
-    daemon: DaemonConnection, text: str, cwd: str | None, say: Callable[[str], object]
+    daemon: Redialing, text: str, cwd: str | None, say: Callable[[str], object]
 ) -> str:
     """The prompt of the command kept as a file that `text` ("/name words") names, with the
     words in it; `text` itself when there is none."""

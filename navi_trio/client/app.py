@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import secrets
 import signal
 from collections.abc import AsyncIterator
 
@@ -252,7 +251,7 @@ class ChatApp:
             await self._created.wait()
         cwd = self.run_cwd()
         # Its key makes sending it again after a reconnect safe: the daemon runs it once.
-        key = secrets.token_urlsafe(12)
+        key = wire.message_key()
         frame = wire.message(text, self.session_id, self.profile, cwd, self.mode, on_busy, key=key)
         frame["id"] = f"{MESSAGE_ID}{next(self._message_ids)}"
         self._awaited.sent(frame["id"], text, self.renderer.busy, frame)

@@ -3,7 +3,8 @@
 Every frame goes to the owner's channel. When the connection drops it sends the owner
 a local ``_disconnected`` frame, reconnects with exponential backoff (a bounded number
 of tries) and, once back, sends what the owner's `resume` returns (``subscribe`` with
-the last seq seen) before a ``_reconnected`` frame. Local frame types start with ``_``:
+the last seq seen, and the messages to send again: paced, `RESUME_BURST`) before a
+``_reconnected`` frame. Local frame types start with ``_``:
 the server never sends those. It gives up with `DaemonUnreachableError` or
 `RemoteError` (the daemon refused the token).
 """
@@ -24,6 +25,12 @@ CONNECT_TIMEOUT = 5.0
 WELCOME_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 2.0
 RETRIES = 6
+# What a reconnect sends at once (the subscribe, the tasks list, the messages sent again),
+# then one frame per 1/RESUME_PER_SEC s: within the daemon's frame limits (its defaults:
+# a burst of 40, 20 a second, NAVI_WS_FRAMES_BURST / _PER_SEC), leaving room for the
+# frames the chat sends meanwhile, so no resent message is refused as rate_limited.
+RESUME_BURST = 30
+RESUME_PER_SEC = 10.0
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 8.0
 TOKEN_HINT = "pass --token, set NAVI_TOKEN, or use the local-token file `navi serve` writes"
@@ -85,8 +92,7 @@ class Connection:
                             started = True
                             task_status.started(daemon.welcome)
                         else:
-                            for frame in self._resume():
-                                await daemon.send(frame)
+                            await _paced(daemon, self._resume())
                             await self._out.send(
                                 {"type": "_reconnected", "welcome": daemon.welcome}
                             )
@@ -129,3 +135,11 @@ class Connection:
                     raise
                 frame = {"type": "error", "code": "bad_frame", "message": exc.detail}
             await self._out.send(frame)
+
+
+async def _paced(daemon: DaemonConnection, frames: list[Frame]) -> None:
+    """Send `frames`: `RESUME_BURST` at once, the rest paced (see `RESUME_PER_SEC`)."""
+    for n, frame in enumerate(frames):
+        if n >= RESUME_BURST:
+            await trio.sleep(1 / RESUME_PER_SEC)
+        await daemon.send(frame)
