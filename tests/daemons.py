@@ -24,19 +24,18 @@ and `forked_users` runs the command forked from the warm fork server (tests/navi
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import navi_forks
 import trio
 from api_ws import Client
 from pg_server import sql
-from reliability import START_LIMIT, Daemon, _first_line, clean_env, navi_serve
+from reliability import Daemon, clean_env, navi_serve
 from trio_websocket import open_websocket_url
 
 from navi_trio.api.auth import new_token
@@ -76,8 +75,7 @@ async def pg_daemons(
     async def start(nursery: trio.Nursery, i: int) -> None:
         own = {"NAVI_DATA_DIR": str(tmp_path / f"data{i}")} if separate else {}
         log = tmp_path / f"daemon{i}.log"
-        serving = _forked_serving if forked else _serving
-        started[i] = await nursery.start(serving, {**base, **own}, llm_url, log)
+        started[i] = await nursery.start(_serving, {**base, **own}, llm_url, log, forked)
 
     async with trio.open_nursery() as nursery:
         async with trio.open_nursery() as starting:  # at once: a start is mostly waiting
@@ -88,45 +86,19 @@ async def pg_daemons(
 
 
 async def _serving(
-    env: dict[str, str], llm_url: str, log: Path, *, task_status: trio.TaskStatus[Daemon]
+    env: dict[str, str],
+    llm_url: str,
+    log: Path,
+    forked: bool,
+    *,
+    task_status: trio.TaskStatus[Daemon],
 ) -> None:
-    """`navi_serve` as a task: started once it listens, killed when cancelled."""
-    async with navi_serve(env, llm_url, log) as daemon:
+    """`navi_serve` (`forked`: forked from the warm fork server, a process of its own that
+    takes SIGSTOP and SIGKILL) as a task: started once it listens, killed when
+    cancelled."""
+    async with navi_serve(env, llm_url, log, forked=forked) as daemon:
         task_status.started(daemon)
         await trio.sleep_forever()
-
-
-async def _forked_serving(
-    env: dict[str, str], llm_url: str, log: Path, *, task_status: trio.TaskStatus[Daemon]
-) -> None:
-    """`_serving`, forked from the warm fork server (tests/navi_forks.py): the same
-    `navi serve` command line, log and environment, a process of its own (its pid takes
-    SIGSTOP and SIGKILL), without a new interpreter's start and imports."""
-    read, write = os.pipe()
-    async with trio.lowlevel.FdStream(read) as stdout:
-        theirs = (
-            os.open(os.devnull, os.O_RDONLY),
-            write,
-            os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND),
-        )
-        try:
-            proc = await navi_forks.start(
-                "serve", "--port", "0", "--llm-url", llm_url, "--log-level", "warning",
-                env=env, cwd=Path.cwd(), stdio=theirs,
-            )  # fmt: skip
-        finally:
-            for fd in theirs:
-                os.close(fd)
-        try:
-            with trio.fail_after(START_LIMIT):
-                line = await _first_line(stdout, log)
-            assert line.startswith("navi: listening on ws://127.0.0.1:"), line
-            # What tests take of a Daemon's process (pid, kill, wait), a Forked has too.
-            url, data = line.split()[-1], Path(env["NAVI_DATA_DIR"])
-            task_status.started(Daemon(cast(trio.Process, proc), url, data))
-            await trio.sleep_forever()
-        finally:
-            await proc.end()
 
 
 def cli_env(tmp_path: Path, pg_url: str, daemon: Daemon | None = None) -> dict[str, str]:

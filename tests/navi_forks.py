@@ -515,27 +515,61 @@ async def communicate(proc: Forked, stdin: bytes = b"") -> tuple[int, bytes, byt
 
 @asynccontextmanager
 async def serving(
-    env: Mapping[str, str], llm: str, *extra: str, warm: tuple[str, ...] = ()
+    env: Mapping[str, str],
+    llm: str,
+    *extra: str,
+    warm: tuple[str, ...] = (),
+    log: Path | None = None,
 ) -> AsyncIterator[Forked]:
     """`navi serve --port 0 --llm-url LLM EXTRA`, forked (by the server with `warm`), once
-    it listens (its `url`); killed and reaped on the way out."""
+    it listens (its `url`); killed and reaped on the way out. Its stderr is appended to
+    `log` when given (its stdin is then /dev/null), else a pipe, `proc.stderr`, for the
+    caller to read. The one forked daemon of the tests (reliability.py's `navi_serve`
+    and tests/daemons.py's start theirs here)."""
     import trio
 
     args = ("serve", "--port", "0", "--llm-url", llm, *extra)
-    proc = await start(*args, env=env, cwd=os.getcwd(), warm=warm)
+    stdio: tuple[int, int, int] | None = None
+    if log is not None:
+        out, write = os.pipe()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        stdio = (os.open(os.devnull, os.O_RDONLY), write, os.open(log, flags, 0o644))
+    try:
+        proc = await start(*args, env=env, cwd=os.getcwd(), warm=warm, stdio=stdio)
+    except BaseException:
+        if stdio is not None:
+            os.close(out)
+        raise
+    finally:
+        for fd in stdio or ():
+            os.close(fd)
+    if stdio is not None:
+        proc.stdout = trio.lowlevel.FdStream(out)
     try:
         with trio.fail_after(START_LIMIT):
             said = b""
-            while b"/\n" not in said:
+            while b"\n" not in said:
                 chunk = await proc.stdout.receive_some()
-                assert chunk, f"navi serve ended before listening: {said!r}"
+                if not chunk:  # its log says why (what CI shows of a failure is all we get)
+                    tail = (
+                        ""
+                        if log is None
+                        else (await trio.Path(log).read_text(errors="replace"))[-4000:]
+                    )
+                    raise AssertionError(
+                        f"navi serve ended before listening: {said!r}; its log ends:\n{tail}"
+                    )
                 said += chunk
-        line = said.decode().strip()
+        line = said.decode().splitlines()[0]
         assert line.startswith("navi: listening on ws://127.0.0.1:"), line
         proc.url = line.split()[-1]
         yield proc
     finally:
         await proc.end()
+        with trio.CancelScope(shield=True):
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    await stream.aclose()
 
 
 class Terminal:

@@ -155,25 +155,20 @@ async def navi_serve(
 async def _forked_serve(
     env: dict[str, str], llm_url: str, log: Path, log_level: str, watch_log: bool
 ) -> AsyncIterator[Daemon]:
-    """`navi_serve(forked=True)`: its stderr copied to `log` by a task here. No watcher
-    process: the fork server kills what it forked when this process dies."""
-    args = ("serve", "--port", "0", "--llm-url", llm_url, "--log-level", log_level)
-    proc = await navi_forks.start(*args, env=env, cwd=os.getcwd())
-    try:
-        async with trio.open_nursery() as nursery:
+    """`navi_serve(forked=True)` (tests/navi_forks.py's `serving`): with `watch_log`, its
+    stderr is copied to `log` by a task here. No watcher process: the fork server kills
+    what it forked when this process dies."""
+    level = ("--log-level", log_level)
+    async with (
+        navi_forks.serving(env, llm_url, *level, log=None if watch_log else log) as proc,
+        trio.open_nursery() as nursery,
+    ):
+        lines = None
+        if watch_log:
             lines = LogLines()
             nursery.start_soon(lines.pump, proc.stderr, log)
-            with trio.fail_after(START_LIMIT):
-                line = await _first_line(proc.stdout, log)
-            assert line.startswith("navi: listening on ws://127.0.0.1:"), line
-            data_dir = Path(env["NAVI_DATA_DIR"])
-            yield Daemon(proc, line.split()[-1], data_dir, lines if watch_log else None)
-            nursery.cancel_scope.cancel()
-    finally:
-        await proc.end()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+        yield Daemon(proc, proc.url, Path(env["NAVI_DATA_DIR"]), lines)
+        nursery.cancel_scope.cancel()
 
 
 # -- /proc measurements ------------------------------------------------------------------

@@ -11,15 +11,14 @@ client with that user's token. Everything started is stopped on the way out.
 With ``forked=True``, for tests whose subject is what the daemon does and not how a
 command or a new interpreter starts: the users are written to the database as that
 command writes them (tests/daemons.py `store_user`), and the daemon is forked from the
-warm fork server (tests/navi_forks.py), a process of its own all the same, with its log
-in the same file. That saves two or three Python starts a test (a second or more each
+warm fork server (`navi_serve(forked=True)`), a process of its own all the same, with
+its log in the same file. That saves two or three Python starts a test (a second or more each
 on a busy machine).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -28,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import navi_forks
 import trio
 from api_ws import Client
 from daemons import add_user, connect_as, store_user
@@ -69,43 +67,9 @@ def config_file(
     return path
 
 
-@asynccontextmanager
-async def forked_serve(
-    env: dict[str, str], llm_url: str, log: Path
-) -> AsyncIterator[navi_forks.Forked]:
-    """`navi serve --port 0` forked from the warm fork server, its stderr appended to
-    `log` (as `navi_serve` does), once it listens (its `url`). Killed and reaped on the
-    way out."""
-    out_read, out_write = os.pipe()
-    null = os.open(os.devnull, os.O_RDONLY)
-    err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        proc = await navi_forks.start(
-            "serve", "--port", "0", "--llm-url", llm_url, "--log-level", "warning",
-            env=env, cwd=os.getcwd(), stdio=(null, out_write, err),
-        )  # fmt: skip
-    finally:
-        for fd in (null, out_write, err):
-            os.close(fd)
-    try:
-        async with trio.lowlevel.FdStream(out_read) as stdout:
-            with trio.fail_after(navi_forks.START_LIMIT):
-                said = b""
-                while b"\n" not in said:
-                    chunk = await stdout.receive_some()
-                    assert chunk, f"navi serve ended before listening: {said!r} (see {log})"
-                    said += chunk
-            line = said.decode().splitlines()[0]
-            assert line.startswith("navi: listening on ws://127.0.0.1:"), line
-            proc.url = line.split()[-1]
-            yield proc
-    finally:
-        await proc.end()
-
-
 @attrs.define(eq=False)
 class Served:
-    daemon: Daemon | navi_forks.Forked
+    daemon: Daemon
     fake: FakeLLMServer
     tokens: dict[str, str]
     data_dir: Path
@@ -140,12 +104,8 @@ async def served(
     log = base / "daemon.log"
     async with trio.open_nursery() as nursery:
         fake: FakeLLMServer = await nursery.start(FakeLLMServer().serve)
-        if forked:
-            async with forked_serve(environ, fake.url, log) as proc:
-                yield Served(proc, fake, tokens, data)
-        else:
-            async with navi_serve(environ, fake.url, log) as daemon:
-                yield Served(daemon, fake, tokens, data)
+        async with navi_serve(environ, fake.url, log, forked=forked) as daemon:
+            yield Served(daemon, fake, tokens, data)
         nursery.cancel_scope.cancel()
 
 

@@ -7,8 +7,10 @@ error, every user message is stored, and every assistant tool call is paired wit
 result in both the history and the context (so a reload repairs nothing).
 
 Real HTTP to the fake LLM server on 127.0.0.1, a real SQLite file per example. Each
-example runs its own `trio.run` inside hypothesis; bounded: a few dozen examples, an
-absolute timeout on each.
+example runs its own `trio.run` inside hypothesis, with one harness (runtime, store and
+fake LLM) for its three cases, each case a session of its own and the fake's script
+set anew for it (`drop_unread`); bounded: a few dozen cases, an absolute timeout on each
+example.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio.testing
 from agent_tools import assert_paired
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from quick_run import examples
 
-from navi_trio.testing import open_harness
+from navi_trio.testing import Harness, open_harness
 
 SAFE_TOOLS = ["todo", "scratchpad", "memory", "filesystem", "switch_profile"]
 
@@ -71,97 +74,133 @@ reply = st.one_of(
 )
 
 
-async def _check(replies: list[dict[str, Any]], dialect: str, texts: list[str]) -> None:
-    with tempfile.TemporaryDirectory() as tmp, trio.fail_after(20):
+CASES = 3  # cases a harness runs, each in a session of its own
+LIMIT = 60  # real seconds for an example's harness and its cases (a busy 2-core machine)
+
+Case = tuple[list[dict[str, Any]], list[str]]
+
+
+def _script(h: Harness, replies: list[dict[str, Any]]) -> None:
+    """The fake LLM's script from now on: `replies`, whatever the last case left unread."""
+    assert h.fake is not None
+    h.fake.drop_unread()
+    h.fake.add_replies(*replies)
+
+
+async def _reloaded_repairs_nothing(db: Path, sids: list[str]) -> None:
+    """A fresh load of the file (as after a restart) has nothing to repair."""
+    from navi_trio.store import SQLiteStore
+
+    async with SQLiteStore.open(db) as store:
+        for sid in sids:
+            loaded = await store.load_session(sid)
+            assert loaded is not None and loaded.repaired == 0, sid
+
+
+async def _check(cases: list[Case], dialect: str) -> None:
+    sids = [f"s{i}" for i in range(len(cases))]
+    with tempfile.TemporaryDirectory() as tmp, trio.fail_after(LIMIT):
         async with open_harness(
             Path(tmp),
-            replies=replies,
             dialect=dialect,
             parallel_tool_calls=True,
             profiles={"general": {"max_iterations": 4}},
         ) as h:
-            for text in texts:
-                frames = await h.turn("s1", text)
-                ends = [f for f in frames if f["type"] == "stream_end" and not f["is_subagent"]]
-                assert len(ends) == 1 and frames[-1] is ends[0], frames
-                codes = [f["code"] for f in frames if f["type"] == "error"]
-                assert "internal" not in codes, frames
-            store = h.runtime.store
-            messages = await store.load_messages("s1")
-            users = [m["content"] for m in messages if m["role"] == "user"]
-            assert users == texts
-            assert_paired(messages)
-            assert_paired(await store.load_context("s1"))
-        # A fresh load of the file (as after a restart) has nothing to repair.
-        from navi_trio.store import SQLiteStore
-
-        async with SQLiteStore.open(Path(tmp) / "navi.db") as store:
-            loaded = await store.load_session("s1")
-            assert loaded is not None and loaded.repaired == 0
+            for sid, (replies, texts) in zip(sids, cases, strict=True):
+                _script(h, replies)
+                for text in texts:
+                    frames = await h.turn(sid, text)
+                    ends = [f for f in frames if f["type"] == "stream_end" and not f["is_subagent"]]
+                    assert len(ends) == 1 and frames[-1] is ends[0], frames
+                    codes = [f["code"] for f in frames if f["type"] == "error"]
+                    assert "internal" not in codes, frames
+                store = h.runtime.store
+                messages = await store.load_messages(sid)
+                users = [m["content"] for m in messages if m["role"] == "user"]
+                assert users == texts
+                assert_paired(messages)
+                assert_paired(await store.load_context(sid))
+        await _reloaded_repairs_nothing(Path(tmp) / "navi.db", sids)
 
 
-@settings(
-    max_examples=examples(30),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(
-    replies=st.lists(reply, min_size=1, max_size=6),
-    dialect=st.sampled_from(["ollama", "openai"]),
-    texts=st.lists(
+case = st.tuples(
+    st.lists(reply, min_size=1, max_size=6),
+    st.lists(
         st.sampled_from(["hi", "Fix the bug in notes.txt", "thanks", "go on"]),
         min_size=1,
         max_size=2,
     ),
 )
-def test_no_reply_sequence_breaks_a_turn_or_the_history(
-    replies: list[dict[str, Any]], dialect: str, texts: list[str]
-) -> None:
-    trio.run(_check, replies, dialect, texts)
 
 
-async def _stop_after(frames_before_stop: int, replies: list[dict[str, Any]]) -> None:
-    with tempfile.TemporaryDirectory() as tmp, trio.fail_after(20):
-        async with open_harness(Path(tmp), replies=replies, parallel_tool_calls=True) as h:
-            s = await h.session("s1")
-            s.send("Fix the bug in notes.txt")
-            seen: list[dict[str, Any]] = []
-            while len(seen) < frames_before_stop and not any(
-                f["type"] == "stream_end" for f in seen
-            ):
-                seen.append(await s.next())
-            if not any(f["type"] == "stream_end" for f in seen):
-                s.stop()
-                seen += await s.until_end()
-            assert sum(f["type"] == "stream_end" and not f["is_subagent"] for f in seen) == 1
-            await s.idle()
-            messages = await h.runtime.store.load_messages("s1")
-            assert [m["content"] for m in messages if m["role"] == "user"] == [
-                "Fix the bug in notes.txt"
-            ]
-            assert_paired(messages)
-            assert_paired(await h.runtime.store.load_context("s1"))
-
-
-@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(10),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(
-    stop_at=st.integers(0, 25),
-    replies=st.lists(
-        st.one_of(
-            st.fixed_dictionaries(
-                {
-                    "text": st.just("one two three four"),
-                    "thinking": st.just("hmm let me see"),
-                    "delay_chunk": st.just(0.001),
-                }
+    cases=st.lists(case, min_size=CASES, max_size=CASES),
+    dialect=st.sampled_from(["ollama", "openai"]),
+)
+def test_no_reply_sequence_breaks_a_turn_or_the_history(cases: list[Case], dialect: str) -> None:
+    trio.run(_check, cases, dialect)
+
+
+async def _stop_after(cases: list[tuple[int, list[dict[str, Any]]]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp, trio.fail_after(LIMIT):
+        async with open_harness(Path(tmp), parallel_tool_calls=True) as h:
+            for i, (frames_before_stop, replies) in enumerate(cases):
+                _script(h, [{"text": "DIRECT"}, *replies, {"text": "done"}])
+                s = await h.session(f"s{i}")
+                s.send("Fix the bug in notes.txt")
+                seen: list[dict[str, Any]] = []
+                while len(seen) < frames_before_stop and not any(
+                    f["type"] == "stream_end" for f in seen
+                ):
+                    seen.append(await s.next())
+                if not any(f["type"] == "stream_end" for f in seen):
+                    s.stop()
+                    seen += await s.until_end()
+                assert sum(f["type"] == "stream_end" and not f["is_subagent"] for f in seen) == 1
+                await s.idle()
+                # A request the stop cut off has taken its reply before the next case's
+                # script is set: the fake LLM runs in this loop.
+                await trio.testing.wait_all_tasks_blocked()
+                messages = await h.runtime.store.load_messages(s.session_id)
+                assert [m["content"] for m in messages if m["role"] == "user"] == [
+                    "Fix the bug in notes.txt"
+                ]
+                assert_paired(messages)
+                assert_paired(await h.runtime.store.load_context(s.session_id))
+
+
+@settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cases=st.lists(
+        st.tuples(
+            st.integers(0, 25),
+            st.lists(
+                st.one_of(
+                    st.fixed_dictionaries(
+                        {
+                            "text": st.just("one two three four"),
+                            "thinking": st.just("hmm let me see"),
+                            "delay_chunk": st.just(0.001),
+                        }
+                    ),
+                    st.fixed_dictionaries(
+                        {"tool_calls": st.lists(tool_call, min_size=1, max_size=3)}
+                    ),
+                ),
+                min_size=1,
+                max_size=5,
             ),
-            st.fixed_dictionaries({"tool_calls": st.lists(tool_call, min_size=1, max_size=3)}),
         ),
-        min_size=1,
-        max_size=5,
+        min_size=CASES,
+        max_size=CASES,
     ),
 )
 def test_a_stop_at_any_point_ends_once_and_leaves_nothing_dangling(
-    stop_at: int, replies: list[dict[str, Any]]
+    cases: list[tuple[int, list[dict[str, Any]]]],
 ) -> None:
-    trio.run(_stop_after, stop_at, [{"text": "DIRECT"}, *replies, {"text": "done"}])
+    trio.run(_stop_after, cases)

@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import navi_forks
 import pytest
 import trio
 from api_ws import Client
@@ -107,16 +108,16 @@ async def test_sigkill_mid_stream_leaves_the_session_loadable_after_restart(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     data = Path(env["NAVI_DATA_DIR"])
-    # A deadline per daemon (each start is a new interpreter's, what load stretches most:
-    # serve bounds it on its own), not one for the whole; the CLI commands are forked
-    # (what they do is the subject, not Python's start), each under its own.
+    # The daemons and the CLI commands are forked (what they do is the subject, not
+    # Python's start; a forked daemon is a process of its own, which SIGKILL ends).
     with trio.fail_after(DEADLINE):
-        async with fake_llm(tmp_path, [SLOW]) as llm, serve(env, llm) as proc:
+        async with fake_llm(tmp_path, [SLOW]) as llm, navi_forks.serving(env, llm) as proc:
             async with client(proc.url, data) as c:
                 sid = await _mid_stream(c)
                 proc.kill()
                 await proc.wait()
-    async with fake_llm(tmp_path, [{"text": "after the crash"}]) as llm, serve(env, llm) as proc:
+    again = [{"text": "after the crash"}]
+    async with fake_llm(tmp_path, again) as llm, navi_forks.serving(env, llm) as proc:
         with trio.fail_after(DEADLINE):
             async with client(proc.url, data) as c:
                 history = await c.request(

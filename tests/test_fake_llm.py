@@ -157,6 +157,21 @@ async def test_script_exhausted_then_loop_then_add_replies() -> None:
     assert texts == ["a", "b", "a"]
 
 
+async def test_drop_unread_leaves_the_next_added_reply_to_the_next_request() -> None:
+    with trio.fail_after(TIMEOUT):
+        script = [{"text": "a"}, {"text": "b"}, {"text": "c"}]
+        async with open_fake_llm(script) as server, httpx.AsyncClient() as client:
+            first = await client.post(f"{server.url}/api/chat", json=CHAT)
+            assert server.drop_unread() == 2
+            server.add_replies({"text": "d"})
+            second = await client.post(f"{server.url}/api/chat", json=CHAT)
+            assert server.drop_unread() == 0
+            exhausted = await client.post(f"{server.url}/api/chat", json=CHAT)
+    said = [json.loads(r.text.splitlines()[0])["message"]["content"] for r in (first, second)]
+    assert said == ["a", "d"]
+    assert exhausted.status_code == 500 and exhausted.json() == {"error": "script exhausted"}
+
+
 async def test_shape_makes_each_reply_from_the_request_it_answers() -> None:
     def echo(body: dict[str, Any], reply: Reply) -> Reply:
         last = body["messages"][-1]["content"]
@@ -206,7 +221,7 @@ async def test_an_answer_the_client_read_to_its_end_is_completed_whoever_ends_fi
     """Read to its end, an answer counts in `completed` and never as a disconnect,
     whether the server is shut down or the client hangs up right after."""
     body = {**CHAT, "stream": stream}
-    for _ in range(ROUNDS):  # a bound a round: 20 servers in one bound failed at load 18
+    for _ in range(ROUNDS):  # a bound for each round: twenty in 10 s was too few on load 15
         with trio.fail_after(TIMEOUT):
             async with httpx.AsyncClient() as client:
                 async with open_fake_llm([{"text": "a b"}]) as server:

@@ -1,16 +1,18 @@
 """A files rewind through a real ``navi serve`` keeps what the person made by hand.
 
-A user added with ``navi users add`` works in a folder of their `workspace_roots`; the
-fake LLM is scripted to write files with the filesystem tool and with `terminal`
-commands (in the real bwrap sandbox, as the tool user: the daemon runs as root here);
-between the turns the test writes files straight into the folder, as an editor would.
+A user (written to the daemon's database as ``navi users add`` writes one) works in a
+folder of their `workspace_roots`; the fake LLM is scripted to write files with the
+filesystem tool and with `terminal` commands (in the real bwrap sandbox, as the tool
+user: the daemon runs as root here); between the turns the test writes files straight
+into the folder, as an editor would.
 Rewinding the files to before both turns then undoes navi's changes only: the files
 made by hand survive, and the file navi wrote and the person edited after is a
 conflict, kept as the person left it. The conflict is shown in the WebSocket preview
-frame, in `navi rewind`'s preview (a real subprocess), and in `navi chat`'s ``/rewind``
+frame, in `navi rewind`'s preview (a process of its own, forked as the daemon is from
+the tests' warm fork server: tests/navi_forks.py), and in `navi chat`'s ``/rewind``
 preview (the chat app on a real connection); ``--force`` restores it.
 
-Real time (two Python processes): every test has an absolute limit; nothing sleeps.
+Real time (real processes): every test has an absolute limit; nothing sleeps.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from api_ws import Client
 from reliability import clean_env
 from rewind_kit import calls, run, say, write
 from served import Served, outside_tmp, send, served
-from test_cli import navi
+from test_cli import forked
 from test_client_app import Chat, PrefillReader, Screen
 
 from navi_trio.client.app import ChatApp, ChatOptions
@@ -65,7 +67,7 @@ async def test_a_files_rewind_keeps_the_persons_files_and_shows_the_conflict_eve
         folder.chmod(0o777)
     (proj / "a.txt").write_text("a, before navi\n")
     (proj / "a.txt").chmod(0o666)
-    async with served(base, users=("alice",), roots={"user": [str(ws)]}) as s:
+    async with served(base, users=("alice",), roots={"user": [str(ws)]}, forked=True) as s:
         with trio.fail_after(TIMEOUT):
             async with s.connect("alice") as alice:
                 sid = await turn(s, alice, [
@@ -102,7 +104,7 @@ async def test_a_files_rewind_keeps_the_persons_files_and_shows_the_conflict_eve
                 environ = clean_env(base / "cli")
                 args = ("rewind", "--session", sid, "--to", "1", "--restore", "files",
                         "--url", s.daemon.url, "--token", s.tokens["alice"])  # fmt: skip
-                done = await navi(*args, env=environ, cwd=base)
+                done = await forked(*args, env=environ, cwd=base)
                 assert done.code == 0, done.err
                 assert "1 conflict(s), changed by navi and by someone else" in done.out, done.out
                 assert "kept as they are now; --force restores them too" in done.out
@@ -129,7 +131,7 @@ async def test_a_files_rewind_keeps_the_persons_files_and_shows_the_conflict_eve
                 back = await alice.request(undo)
                 await alice.request({**undo, "confirm": back["token"]})
                 assert (proj / "a-renamed.txt").exists() and not (proj / "a.txt").exists()
-                forced = await navi(*args, "--force", "--yes", env=environ, cwd=base)
+                forced = await forked(*args, "--force", "--yes", env=environ, cwd=base)
                 assert forced.code == 0, forced.err
                 assert "restored too, as asked" in forced.out, forced.out
                 assert not (proj / "notes.md").exists()

@@ -93,6 +93,14 @@ class FakeLLMServer:
         start = len(self.replies)
         self.replies += [parse_reply(r, f"reply {start + i}") for i, r in enumerate(replies)]
 
+    def drop_unread(self) -> int:
+        """Drop the replies no request has taken yet, so that the next reply added is the
+        next one taken (a new case after one that ended before its script did); how many
+        were dropped."""
+        dropped = len(self.replies) - self._next
+        del self.replies[self._next :]
+        return dropped
+
     async def wait_requests(self, n: int = 1) -> None:
         await self._wait_until(lambda: len(self.requests) >= n)
 
