@@ -1,7 +1,8 @@
 """The store's worker thread: it owns the sqlite connection and runs queued jobs in order.
 
 A `_Job` carries one function to run against the connection and the way its answer gets
-back to the caller's trio run (an event set through the caller's trio token).
+back to the caller's trio run: its waiting task rescheduled through the caller's trio
+token (`wait`), with no event or parking lot made per job.
 
 Group commit: when several jobs are already queued, the worker runs them in arrival
 order inside ONE ``BEGIN IMMEDIATE … COMMIT`` (one fsync under synchronous=FULL), each
@@ -59,7 +60,7 @@ class _Job(Generic[T]):
         # disk is reported, the one time the answer is used; two queries a job otherwise.
         self.growth = growth
         self.token = trio.lowlevel.current_trio_token()
-        self.done = trio.Event()
+        self._waiter: trio.lowlevel.Task | None = None  # the caller, while it waits
         self.result: T | None = None
         self.error: BaseException | None = None
         self.wrote = False  # it changed rows (and was not rolled back by its own error)
@@ -88,9 +89,26 @@ class _Job(Generic[T]):
     def answer(self) -> None:
         """Wake the caller (once its write, if any, is committed)."""
         try:
-            self.token.run_sync_soon(self.done.set)
+            self.token.run_sync_soon(self._wake)
         except trio.RunFinishedError:
             pass  # the caller's trio run is gone; nobody is waiting
+
+    async def wait(self) -> None:
+        """Until the worker has answered; called right after `submit` (no checkpoint in
+        between, so the answer cannot have come). Cancelled, the caller stops waiting;
+        the job is not withdrawn and its answer is dropped."""
+        self._waiter = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
+
+    def _abort(self, _: Any) -> trio.lowlevel.Abort:
+        self._waiter = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def _wake(self) -> None:
+        # On the trio thread (`answer`): the caller, if it still waits, goes on.
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            trio.lowlevel.reschedule(waiter)
 
 
 def _page_count(db: sqlite3.Connection) -> int:
@@ -108,12 +126,14 @@ class _Worker:
         self._relaxable = synchronous in ("FULL", "EXTRA")
         self._level = synchronous  # the connection's level now
         self._queue: queue.SimpleQueue[_Job[Any]] = queue.SimpleQueue()
+        # Set as `_main` ends: `submit` asks this flag, not the thread (three calls a job).
+        self._ended = False
         self.thread = threading.Thread(
             target=self._main, name=f"navi-store:{path.name}", daemon=True
         )
 
     def submit(self, job: _Job[Any]) -> None:
-        if not self.thread.is_alive():
+        if self._ended or self.thread.ident is None:  # ended, or never started
             raise StoreError(f"the store worker for {self._path} is not running")
         self._queue.put(job)
 
@@ -138,6 +158,7 @@ class _Worker:
                 if batch[-1].stop:
                     return
         finally:
+            self._ended = True
             if db is not None:
                 db.close()
 
@@ -158,12 +179,10 @@ class _Worker:
 
     def _take_batch(self) -> list[_Job[Any]]:
         """The next job and every job already queued behind it, up to a stop job."""
+        # Only this thread takes from the queue: what `empty` says is not empty stays so.
         batch = [self._queue.get()]
-        while not batch[-1].stop and len(batch) < MAX_BATCH:
-            try:
-                batch.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
+        while not batch[-1].stop and len(batch) < MAX_BATCH and not self._queue.empty():
+            batch.append(self._queue.get_nowait())
         return batch
 
 
