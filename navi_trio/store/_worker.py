@@ -1,8 +1,8 @@
 """The store's worker thread: it owns the sqlite connection and runs queued jobs in order.
 
 A `_Job` carries one function to run against the connection and the way its answer gets
-back to the caller's trio run: its waiting task rescheduled through the caller's trio
-token (`wait`), with no event or parking lot made per job.
+back to the caller's trio run (`ThreadAnswer`: its waiting task rescheduled through the
+caller's trio token).
 
 Group commit: when several jobs are already queued, the worker runs them in arrival
 order inside ONE ``BEGIN IMMEDIATE … COMMIT`` (one fsync under synchronous=FULL), each
@@ -27,9 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import trio
-
 from navi_trio.errors import StoreError
+from navi_trio.store._answer import ThreadAnswer
 from navi_trio.store._schema import _connect
 
 T = TypeVar("T")
@@ -41,7 +40,7 @@ BUSY_TIMEOUT_S = 30.0
 MAX_BATCH = 64
 
 
-class _Job(Generic[T]):
+class _Job(ThreadAnswer, Generic[T]):
     """One unit of work for the worker thread, and the way its answer gets back."""
 
     def __init__(
@@ -52,6 +51,7 @@ class _Job(Generic[T]):
         durable: bool = True,
         growth: bool = False,
     ) -> None:
+        super().__init__()
         self.op = op
         self.fn = fn
         self.stop = stop
@@ -59,8 +59,6 @@ class _Job(Generic[T]):
         # Whether to tell a write that needed new pages (`grew`): asked only while a full
         # disk is reported, the one time the answer is used; two queries a job otherwise.
         self.growth = growth
-        self.token = trio.lowlevel.current_trio_token()
-        self._waiter: trio.lowlevel.Task | None = None  # the caller, while it waits
         self.result: T | None = None
         self.error: BaseException | None = None
         self.wrote = False  # it changed rows (and was not rolled back by its own error)
@@ -85,30 +83,6 @@ class _Job(Generic[T]):
             self.grew = self.growth and self.wrote and _page_count(db) > pages
         except BaseException as exc:  # noqa: B036 - the thread must answer every job
             self.error = exc
-
-    def answer(self) -> None:
-        """Wake the caller (once its write, if any, is committed)."""
-        try:
-            self.token.run_sync_soon(self._wake)
-        except trio.RunFinishedError:
-            pass  # the caller's trio run is gone; nobody is waiting
-
-    async def wait(self) -> None:
-        """Until the worker has answered; called right after `submit` (no checkpoint in
-        between, so the answer cannot have come). Cancelled, the caller stops waiting;
-        the job is not withdrawn and its answer is dropped."""
-        self._waiter = trio.lowlevel.current_task()
-        await trio.lowlevel.wait_task_rescheduled(self._abort)
-
-    def _abort(self, _: Any) -> trio.lowlevel.Abort:
-        self._waiter = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    def _wake(self) -> None:
-        # On the trio thread (`answer`): the caller, if it still waits, goes on.
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            trio.lowlevel.reschedule(waiter)
 
 
 def _page_count(db: sqlite3.Connection) -> int:
