@@ -29,6 +29,7 @@ from navi_trio.store import (
     open_store,
     repair_dangling_tool_calls,
 )
+from navi_trio.store._worker import _Job, _Worker
 
 TIMEOUT = 10
 
@@ -214,6 +215,25 @@ async def test_a_cancelled_write_still_lands_and_close_drains_it(tmp_path: Path)
 async def _append_expecting_cancel(store: SQLiteStore, sid: str) -> None:
     await store.append(sid, messages=[user("queued")])
     pytest.fail("the append should have been cancelled while queued")
+
+
+async def test_the_worker_refuses_a_job_before_it_started_and_after_it_ended(
+    tmp_path: Path,
+) -> None:
+    # A job queued to a worker that will never take it would leave its caller waiting.
+    worker = _Worker(tmp_path / "w.db", "NORMAL")
+    with pytest.raises(StoreError, match="not running"):
+        worker.submit(_Job("early", lambda db: None))
+    worker.thread.start()
+    ran = _Job("ran", lambda db: db.execute("SELECT 1").fetchone()[0])
+    worker.submit(ran)
+    worker.submit(_Job("close", lambda db: None, stop=True))
+    with trio.fail_after(TIMEOUT):
+        await ran.wait()
+        await trio.to_thread.run_sync(worker.thread.join, TIMEOUT)
+    assert ran.result == 1
+    with pytest.raises(StoreError, match="not running"):
+        worker.submit(_Job("late", lambda db: None))
 
 
 async def test_closed_or_never_opened_store_raises_instead_of_hanging(tmp_path: Path) -> None:

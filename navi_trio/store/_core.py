@@ -126,10 +126,10 @@ class _Core(SessionStore):
         if self._closed:
             raise StoreError(f"{op}: the store at {self.path} is closed")
         job: _Job[T] = _Job(op, fn, durable=durable, growth="full" in self._reported)
-        started = trio.current_time()
+        started = trio.current_time() if self._on_write is not None else 0.0
         self._worker.submit(job)
         # Cancelled here? The job stays queued and still runs; only its answer is dropped.
-        await job.done.wait()
+        await job.wait()
         if write and job.error is None:
             self._wrote(started)
         if job.error is not None:

@@ -1,7 +1,8 @@
 """The store's worker thread: it owns the sqlite connection and runs queued jobs in order.
 
 A `_Job` carries one function to run against the connection and the way its answer gets
-back to the caller's trio run (an event set through the caller's trio token).
+back to the caller's trio run (`ThreadAnswer`: its waiting task rescheduled through the
+caller's trio token).
 
 Group commit: when several jobs are already queued, the worker runs them in arrival
 order inside ONE ``BEGIN IMMEDIATE … COMMIT`` (one fsync under synchronous=FULL), each
@@ -26,9 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import trio
-
 from navi_trio.errors import StoreError
+from navi_trio.store._answer import ThreadAnswer
 from navi_trio.store._schema import _connect
 
 T = TypeVar("T")
@@ -40,7 +40,7 @@ BUSY_TIMEOUT_S = 30.0
 MAX_BATCH = 64
 
 
-class _Job(Generic[T]):
+class _Job(ThreadAnswer, Generic[T]):
     """One unit of work for the worker thread, and the way its answer gets back."""
 
     def __init__(
@@ -51,6 +51,7 @@ class _Job(Generic[T]):
         durable: bool = True,
         growth: bool = False,
     ) -> None:
+        super().__init__()
         self.op = op
         self.fn = fn
         self.stop = stop
@@ -58,8 +59,6 @@ class _Job(Generic[T]):
         # Whether to tell a write that needed new pages (`grew`): asked only while a full
         # disk is reported, the one time the answer is used; two queries a job otherwise.
         self.growth = growth
-        self.token = trio.lowlevel.current_trio_token()
-        self.done = trio.Event()
         self.result: T | None = None
         self.error: BaseException | None = None
         self.wrote = False  # it changed rows (and was not rolled back by its own error)
@@ -85,13 +84,6 @@ class _Job(Generic[T]):
         except BaseException as exc:  # noqa: B036 - the thread must answer every job
             self.error = exc
 
-    def answer(self) -> None:
-        """Wake the caller (once its write, if any, is committed)."""
-        try:
-            self.token.run_sync_soon(self.done.set)
-        except trio.RunFinishedError:
-            pass  # the caller's trio run is gone; nobody is waiting
-
 
 def _page_count(db: sqlite3.Connection) -> int:
     # The pager's own count (no I/O): how the store tells a write that needed room.
@@ -108,12 +100,14 @@ class _Worker:
         self._relaxable = synchronous in ("FULL", "EXTRA")
         self._level = synchronous  # the connection's level now
         self._queue: queue.SimpleQueue[_Job[Any]] = queue.SimpleQueue()
+        # Set as `_main` ends: `submit` asks this flag, not the thread (three calls a job).
+        self._ended = False
         self.thread = threading.Thread(
             target=self._main, name=f"navi-store:{path.name}", daemon=True
         )
 
     def submit(self, job: _Job[Any]) -> None:
-        if not self.thread.is_alive():
+        if self._ended or self.thread.ident is None:  # ended, or never started
             raise StoreError(f"the store worker for {self._path} is not running")
         self._queue.put(job)
 
@@ -138,6 +132,7 @@ class _Worker:
                 if batch[-1].stop:
                     return
         finally:
+            self._ended = True
             if db is not None:
                 db.close()
 
@@ -158,12 +153,10 @@ class _Worker:
 
     def _take_batch(self) -> list[_Job[Any]]:
         """The next job and every job already queued behind it, up to a stop job."""
+        # Only this thread takes from the queue: what `empty` says is not empty stays so.
         batch = [self._queue.get()]
-        while not batch[-1].stop and len(batch) < MAX_BATCH:
-            try:
-                batch.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
+        while not batch[-1].stop and len(batch) < MAX_BATCH and not self._queue.empty():
+            batch.append(self._queue.get_nowait())
         return batch
 
 

@@ -306,7 +306,7 @@ def _views_part(
 
 
 def _check_message(msg: Any, where: str) -> None:
-    if not isinstance(msg, Mapping):
+    if type(msg) is not dict and not isinstance(msg, Mapping):  # the ABC's check last
         raise TypeError(f"{where} must be a message dict, got {type(msg).__name__}")
     role = msg.get("role")
     if role not in ("system", "user", "assistant", "tool"):

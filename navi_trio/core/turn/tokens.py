@@ -42,7 +42,9 @@ def message_key(
 ) -> MessageKey:
     """A cheap, stable identity of what the model sees of `msg` (not ``thinking`` nor storage
     markers); TypeError naming the problem when `msg` is not a message dict."""
-    if not isinstance(msg, Mapping):
+    # `type(...) is` first: a history's messages are dicts, and the ABC checks cost more
+    # than the rest of the key.
+    if type(msg) is not dict and not isinstance(msg, Mapping):
         raise TypeError(f"a message must be a dict, got {type(msg).__name__}")
     role = msg.get("role")
     if not isinstance(role, str):
@@ -57,7 +59,7 @@ def message_key(
     calls = msg.get("tool_calls")
     calls_text = ""
     if calls:
-        if not isinstance(calls, Sequence) or isinstance(calls, str):
+        if type(calls) is not list and (not isinstance(calls, Sequence) or isinstance(calls, str)):
             raise TypeError(f"'tool_calls' must be a list, got {type(calls).__name__}")
         calls_text = (calls_json or _calls_json)(calls)
     return (
@@ -162,7 +164,7 @@ class TokenCounter:
 
     def estimate_message(self, msg: Mapping[str, Any]) -> int:
         """Content + tool calls (name and JSON arguments) + tool name/id + overhead."""
-        key = self.key(msg)
+        key = message_key(msg, self._calls_json)  # `key`, one call less a message
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -178,7 +180,10 @@ class TokenCounter:
         return total
 
     def estimate_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        return sum(self.estimate_message(m) for m in messages)
+        total = 0
+        for msg in messages:  # a loop, not a generator: it runs several times a round
+            total += self.estimate_message(msg)
+        return total
 
     def bound_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
         """An upper bound of `estimate_messages` that never needs the encoding: every cl100k token

@@ -160,7 +160,7 @@ class _Core(SessionStore):
         started = trio.current_time()
         self._workers.submit(job)
         # Cancelled here? The job stays queued and still runs; only its answer is dropped.
-        await job.done.wait()
+        await job.wait()
         if write and job.error is None:
             self._wrote(started)
         if job.error is not None:

@@ -1,8 +1,8 @@
 """The PostgreSQL store's worker threads: each takes a connection from the pool per job.
 
 A `Job` carries one function to run against a connection, inside one transaction, and
-the way its answer gets back to the caller's trio run (an event set through the
-caller's trio token), as the SQLite store's worker does.
+the way its answer gets back to the caller's trio run (`ThreadAnswer`: its waiting task
+rescheduled through the caller's trio token), as the SQLite store's worker does.
 
 Why a fixed set of threads with a queue, rather than `trio.to_thread.run_sync` per call:
 a job handed over is never withdrawn. A caller cancelled while its job waits for a
@@ -30,9 +30,9 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 import psycopg_pool
-import trio
 
 from navi_trio.errors import StoreError
+from navi_trio.store._answer import ThreadAnswer
 from navi_trio.store.postgres._errors import RETRIED
 
 T = TypeVar("T")
@@ -72,7 +72,7 @@ def check_cheaply(conn: Conn) -> None:
         psycopg_pool.ConnectionPool.check_connection(conn)
 
 
-class Job(Generic[T]):
+class Job(ThreadAnswer, Generic[T]):
     """One unit of work for a worker thread, and the way its answer gets back.
 
     `transaction=False` runs `fn` on the connection as it comes (autocommit): for the
@@ -89,13 +89,12 @@ class Job(Generic[T]):
         transaction: bool = True,
         stop: bool = False,
     ) -> None:
+        super().__init__()
         self.op = op
         self.fn = fn
         self.durable = durable
         self.transaction = transaction
         self.stop = stop
-        self.token = trio.lowlevel.current_trio_token()
-        self.done = trio.Event()
         self.result: T | None = None
         self.error: BaseException | None = None
 
@@ -129,13 +128,6 @@ class Job(Generic[T]):
                     # and the next durable commit flushes it too.
                     conn.execute("SET LOCAL synchronous_commit TO OFF")
                 return self.fn(conn)
-
-    def answer(self) -> None:
-        """Wake the caller (once its transaction, if any, is committed)."""
-        try:
-            self.token.run_sync_soon(self.done.set)
-        except trio.RunFinishedError:
-            pass  # the caller's trio run is gone; nobody is waiting
 
 
 class Workers:
