@@ -194,3 +194,49 @@ def test_the_kept_joins_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     body = cache.body(ollama_body(empty, ""), big)
     assert body == json_body(ollama_body(attrs.evolve(empty, messages=big), ""))
     assert cache.prefix_chars <= 200
+
+
+def test_kept_messages_are_taken_by_identity_and_their_characters_counted_once() -> None:
+    cache = BodyCache(to_ollama_message)
+    empty = ChatRequest(messages=[], model="m")
+
+    def sent(messages: list[dict[str, Any]]) -> None:
+        body = cache.body(ollama_body(empty, ""), messages)
+        assert body == json_body(ollama_body(attrs.evolve(empty, messages=messages), ""))
+
+    history: list[dict[str, Any]] = [{"role": "user", "content": "u"}]
+    for i in range(3):  # one conversation, kept again each round: its own text counted once
+        history.append({"role": "assistant", "content": f"a{i}"})
+        sent(history)
+        assert cache.prefix_chars == len(", ".join(map(cache.message, history)))
+    # Equal to the kept message, not the same: its arguments' keys in another order are
+    # other JSON, so the body is made of the new one.
+    call = {"id": "c1", "name": "f", "arguments": {"a": 1, "b": 2}}
+    history[1] = {"role": "assistant", "content": "", "tool_calls": [call]}
+    sent(history)
+    swapped = {**call, "arguments": {"b": 2, "a": 1}}
+    history[1] = {"role": "assistant", "content": "", "tool_calls": [swapped]}
+    assert history[1] == {"role": "assistant", "content": "", "tool_calls": [call]}
+    sent(history)
+
+
+def test_the_kept_joins_are_bounded_by_characters_below_the_count() -> None:
+    cache = BodyCache(to_ollama_message, max_chars=200)
+    empty = ChatRequest(messages=[], model="m")
+    for i in range(8):  # far fewer conversations than MAX_PREFIXES, more characters
+        history = [{"role": "user", "content": f"{i}"}, {"role": "tool", "content": "x" * 20}]
+        body = cache.body(ollama_body(empty, ""), history)
+        assert body == json_body(ollama_body(attrs.evolve(empty, messages=history), ""))
+        assert 0 < cache.prefix_chars <= 200
+
+
+def test_the_kept_joins_are_bounded_in_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    import navi_trio.llm.body_cache as body_cache
+
+    monkeypatch.setattr(body_cache, "MAX_PREFIXES", 2)
+    cache = BodyCache(to_ollama_message)  # characters far from their bound
+    empty = ChatRequest(messages=[], model="m")
+    for i in range(5):
+        history = [{"role": "user", "content": f"{i}"}]
+        cache.body(ollama_body(empty, ""), history)
+        assert 1 <= len(cache._prefixes) <= 2

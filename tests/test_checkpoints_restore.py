@@ -532,7 +532,7 @@ async def test_a_replayed_journal_reports_only_the_steps_it_could_not_do(
     """A journal run again after a crash that came late in its restore: the files and
     folders inside a folder its first run removed are gone, which is what those steps
     want, so they are done, not failures; a step that truly fails (a folder that is a
-    file now) is logged with its path and why."""
+    file now, a file to put in a folder that is gone) is logged with its path and why."""
     settings = make_settings(tmp_path)
     work = real_dir(tmp_path / "w")
     (work / "kept.txt").write_text("a file, not a folder\n")
@@ -544,6 +544,7 @@ async def test_a_replayed_journal_reports_only_the_steps_it_could_not_do(
         ["rmdir", "gone/sub"],
         ["rmdir", "gone"],
         ["rm", "kept.txt/c.txt"],
+        ["put", "missing/new.txt", "0" * 64, 0o644],  # only a removal is done by a folder gone
     ]
     body = {"v": 1, "id": "j1", "checkpoint": "c", "owner": "", "after": "", "roots": []}
     body["roots"] = [{"path": str(work), "ops": ops}]
@@ -553,7 +554,8 @@ async def test_a_replayed_journal_reports_only_the_steps_it_could_not_do(
             pass
     said = [r.getMessage() for r in caplog.records if "completed after a crash" in r.getMessage()]
     assert len(said) == 1, said
-    assert "left 1 path(s)" in said[0] and f"{work}/kept.txt/c.txt (Not a directory)" in said[0]
+    assert "left 2 path(s)" in said[0] and f"{work}/kept.txt/c.txt (Not a directory)" in said[0]
+    assert f"{work}/missing/new.txt (" in said[0]
     assert not list(journal.glob("*.json"))
     assert sorted(p.name for p in work.iterdir()) == ["kept.txt"]
 

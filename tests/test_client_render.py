@@ -417,3 +417,27 @@ def test_a_run_ended_for_the_reason_stopped_says_so() -> None:
     _feed(r, [{"type": "text_delta", "text": "partial"},
               {"type": "stream_end", "reason": "stopped"}])  # fmt: skip
     assert "■ stopped" in out.getvalue()
+
+
+def test_thinking_before_a_tool_call_comes_before_its_card() -> None:
+    r, out = _renderer()
+    call = {"call_id": "c1", "name": "filesystem", "arguments": {"op": "write"}}
+    _feed(r, [{"type": "thinking_delta", "text": "the file first"},
+              {"type": "tool_started", **call},
+              {"type": "tool_result", **call, "ok": True, "output": "written", "duration_ms": 5},
+              {"type": "text_delta", "text": "Done."},
+              {"type": "stream_end", "text": "Done."}])  # fmt: skip
+    lines = out.getvalue().splitlines()
+    thought = next(i for i, ln in enumerate(lines) if "✻ thinking… (3 words)" in ln)
+    card = next(i for i, ln in enumerate(lines) if "filesystem" in ln)
+    assert thought < card, lines
+
+
+def test_the_text_before_a_tool_call_is_not_shown_again_by_an_end_that_carries_it() -> None:
+    r, out = _renderer()
+    call = {"call_id": "c1", "name": "filesystem", "arguments": {"op": "write"}}
+    _feed(r, [{"type": "text_delta", "text": "I'll write the file."},
+              {"type": "tool_started", **call},
+              {"type": "tool_result", **call, "ok": True, "output": "written", "duration_ms": 5},
+              {"type": "stream_end", "text": "I'll write the file."}])  # fmt: skip
+    assert out.getvalue().count("I'll write the file.") == 1

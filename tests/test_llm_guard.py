@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -333,3 +334,27 @@ async def test_a_stop_lands_at_the_next_chunk_of_an_http_stream_that_never_waits
                 assert stop.cancelled_caught
                 # Nothing was taken by the receive the stop ended.
                 assert [c async for c in chunks] == [TextChunk("two"), TextChunk("three")]
+                with pytest.raises(trio.EndOfChannel):  # a channel's end, through receive
+                    await chunks.receive()
+
+
+async def test_the_streams_end_or_error_leaves_no_deadline_on_the_consumers_block(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The stream's one scope covers the consumer's whole block: once the stream ended,
+    or a receive failed and the consumer went on, no chunk's deadline is left to cut it."""
+    replies: list[dict[str, Any]] = [{"text": "a b"}, {"status": 503, "error_body": "busy"}]
+    with trio.fail_after(LIMIT * 10):
+        async with served(replies) as (_server, backend):
+            async with guarded_stream(
+                backend, REQUEST, first_chunk_timeout=5, chunk_timeout=5
+            ) as chunks:
+                got = [c async for c in chunks]
+                assert isinstance(got[-1], DoneChunk)
+                await trio.sleep(100)  # after the end
+            async with guarded_stream(
+                backend, REQUEST, first_chunk_timeout=5, chunk_timeout=5
+            ) as chunks:
+                with pytest.raises(LLMStatusError, match="busy"):
+                    await chunks.receive()
+                await trio.sleep(100)  # after the error, handled in the block

@@ -9,6 +9,9 @@ time matters; every test has an absolute timeout.
 
 from __future__ import annotations
 
+import gzip
+import json
+import os
 import shutil
 import socket
 import ssl
@@ -25,7 +28,10 @@ import pytest
 import trio
 import trio.testing
 
+from navi_trio.llm.base import DoneChunk, TextChunk
 from navi_trio.llm.client import LLMClient
+from navi_trio.llm.http import stream_chunks
+from navi_trio.llm.ollama import OllamaParser
 from navi_trio.llm.transport import MAX_HEAD_BYTES, H11Transport, _Conn, direct_body
 from navi_trio.testing.fake_llm import FakeLLMServer, open_fake_llm
 
@@ -258,6 +264,120 @@ async def test_a_plain_connection_reads_what_is_there_and_nothing_once_cancelled
         conn.close()
         with pytest.raises(trio.ClosedResourceError):
             await conn._read()
+
+
+async def test_a_plain_connections_reads_of_bytes_there_let_other_tasks_run() -> None:
+    """Bytes already there are read at once, and each such read is still a turn for the
+    other tasks (trio's own read yields too): a fast stream does not starve a Stop."""
+    mine, other = socket.socketpair()
+    ours = trio.socket.from_stdlib_socket(mine)
+    with ours, other:
+        conn = _Conn(trio.SocketStream(ours), ours, (b"http", "127.0.0.1", 1))
+        turns = [0]
+
+        async def another_task() -> None:
+            while True:
+                turns[0] += 1
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(another_task)
+            for _ in range(3):
+                other.send(b"x")  # there before the read: the read's fast path
+                assert await conn._read() == b"x"
+            assert turns[0] >= 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_bytes_read_as_a_deadline_passes_are_not_lost(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A read that took bytes already there returns them even when its scope is
+    cancelled at the turn it gives the others (the cancel lands at the next read)."""
+    mine, other = socket.socketpair()
+    ours = trio.socket.from_stdlib_socket(mine)
+    with ours, other:
+        conn = _Conn(trio.SocketStream(ours), ours, (b"http", "127.0.0.1", 1))
+        other.send(b"abc")
+        got: bytes | bytearray = b""
+        with trio.CancelScope(deadline=trio.current_time() + 1) as scope:
+            # Passed, not cancelled yet: the run loop cancels it at the next turn, the read's.
+            autojump_clock.jump(1)
+            got = await conn._read()
+            await trio.sleep_forever()
+        assert scope.cancelled_caught
+        assert got == b"abc"
+
+
+async def test_a_plain_connection_readable_then_not_waits_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A socket said readable whose read then finds nothing (another reader took the
+    bytes, a spurious wake-up) is waited on again: not taken for the end of the body."""
+    mine, other = socket.socketpair()
+    ours = trio.socket.from_stdlib_socket(mine)
+    real_read = os.read  # the transport's (`_Conn._read` calls os.read)
+    calls = [0]
+
+    def read(fd: int, n: int) -> bytes:
+        calls[0] += 1
+        if calls[0] == 2:  # the first read after the wait: nothing there after all
+            raise BlockingIOError
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", read)
+    with ours, other:
+        conn = _Conn(trio.SocketStream(ours), ours, (b"http", "127.0.0.1", 1))
+
+        async def send_once_waiting() -> None:
+            await trio.testing.wait_all_tasks_blocked()  # the read waits for the socket
+            other.send(b"abc")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_once_waiting)
+            assert await conn._read() == b"abc"
+        assert calls[0] == 3
+
+
+async def test_a_read_timeout_given_to_the_client_ends_a_stalled_answer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The backends set no read timeout (the stream guard times a stream), but the
+    transport keeps httpx's: a server that stops answering is a ReadTimeout once it passed."""
+    stall = {"text": "never", "stall": True}
+    with trio.fail_after(LIMIT):
+        async with open_fake_llm([stall]) as server:
+            timeout = httpx.Timeout(None, read=5)
+            async with LLMClient(transport=H11Transport(), timeout=timeout) as client:
+                start = trio.current_time()
+                with pytest.raises(httpx.ReadTimeout):
+                    await post(client, server.url)
+                assert trio.current_time() - start == pytest.approx(5)
+
+
+async def test_a_compressed_stream_through_this_transport_is_read_decompressed() -> None:
+    """`stream_chunks` reads this transport's body straight from its connection only when
+    it is the bytes as sent: a gzipped answer goes through httpx's decoder."""
+    lines = [
+        {"message": {"role": "assistant", "content": "hi"}, "done": False},
+        {"message": {"role": "assistant", "content": ""}, "done": True},
+    ]
+    body = gzip.compress("".join(json.dumps(line) + "\n" for line in lines).encode())
+
+    async def gzipped(stream: trio.abc.Stream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        await read_head(stream, conn)
+        headers = [("Content-Length", str(len(body))), ("Content-Encoding", "gzip")]
+        head = h11.Response(status_code=200, headers=headers)
+        await stream.send_all(conn.send(head) + conn.send(h11.Data(data=body)))
+        await stream.send_all(conn.send(h11.EndOfMessage()))
+
+    with trio.fail_after(TIMEOUT):
+        async with raw_server(gzipped) as (url, _):
+            async with LLMClient(transport=H11Transport()) as client:
+                parser = OllamaParser("m", url)
+                chunks = [c async for c in stream_chunks(client, f"{url}/api/chat", {}, parser)]
+    assert chunks[0] == TextChunk("hi") and isinstance(chunks[-1], DoneChunk)
 
 
 # --- TLS ---------------------------------------------------------------------------------

@@ -31,9 +31,10 @@ from navi_trio.core.cluster.owner_calls import ASK_TIMEOUT_SEC, OwnerCalls
 from navi_trio.core.jobs import NOTES_SCOPE, RUNNING_SCOPE, Job, TaskSupervisor
 from navi_trio.core.turn import SessionLeases
 from navi_trio.errors import NaviError, NotFoundError, StorageError, UnavailableError
+from navi_trio.events import StreamEnd, TextDelta
 from navi_trio.settings import Settings
 from navi_trio.store.base import ClusterBus, LeaseRow
-from navi_trio.store.fence import Fence
+from navi_trio.store.fence import Fence, fenced
 from navi_trio.store.methods import SessionStore
 from navi_trio.store.postgres import PostgresStore
 from navi_trio.store.postgres._bus import NOTIFY_MAX, PgBus
@@ -76,6 +77,19 @@ async def test_frames_over_the_notify_limit_arrive_whole_and_in_order(pg_url: st
             ref = json.loads(got[1])["ref"]
             assert await follower.fetch_frame(ref) == big
     assert sql(pg_url, "SELECT count(*) FROM frames") == [(1,)]
+
+
+async def test_a_frame_under_the_limit_in_characters_over_it_in_bytes_arrives_whole(
+    pg_url: str,
+) -> None:
+    """The limit is PostgreSQL's, in bytes: a frame of fewer characters than that, most
+    of them two bytes in UTF-8, goes through the frames table too."""
+    text = "é" * (NOTIFY_MAX // 2 + 100)
+    wide = json.dumps({"f": {"type": "text_delta", "text": text}}, ensure_ascii=False)
+    assert len(wide) <= NOTIFY_MAX < len(wide.encode())
+    with trio.fail_after(TIMEOUT):
+        async with sent_over_the_bus(pg_url, [wide]) as (got, follower):
+            assert await follower.fetch_frame(json.loads(got[0])["ref"]) == wide
 
 
 async def test_frames_with_quotes_backslashes_and_braces_arrive_as_sent(pg_url: str) -> None:
@@ -122,6 +136,29 @@ async def test_frames_of_a_run_taken_over_are_not_sent_checked_in_the_notify(
             # In order, one transaction each: a stale frame sent would come first.
             assert got[:2] == ["task update", "b says"], got
             assert await follower.fetch_frame(json.loads(got[2])["ref"]) == big
+
+
+async def test_a_turns_end_sent_pays_only_the_debt_of_its_own_hold(pg_url: str) -> None:
+    """`notify`'s `ended` clears the debt of the lease its fence names, owner and
+    generation: an end of the owner's earlier hold (the lease since taken over and
+    taken back) leaves the debt of its hold now."""
+    host = socket.gethostname() or "localhost"
+    with trio.fail_after(TIMEOUT):
+        async with PostgresStore.open(pg_url) as store:
+            await store.create_session("s1", profile_id="general")
+            first = await store.claim_lease("s1", owner="a", pid=os.getpid(), host=host, ttl=-1)
+            await store.claim_lease("s1", owner="b", pid=os.getpid(), host=host, ttl=-1)
+            now = await store.claim_lease("s1", owner="a", pid=os.getpid(), host=host, ttl=60)
+            assert now.generation == first.generation + 2
+            with fenced(Fence("s1", "a", now.generation)):
+                await store.append(
+                    "s1", messages=[{"role": "user", "content": "hi"}], owes_end=True
+                )
+            bus = store.bus()
+            await bus.notify([], [], ended=[Fence("s1", "a", first.generation)])
+            assert await store.end_owed("s1")
+            await bus.notify([], [], ended=[Fence("s1", "a", now.generation)])
+            assert not await store.end_owed("s1")
 
 
 def _marker(sid: str, tid: str, pid: int, host: str) -> dict[str, object]:
@@ -457,3 +494,53 @@ async def test_a_daemons_own_frames_heard_back_are_not_relayed_to_its_clients() 
         assert relayed == []
         await cluster._handle(session_channel("s1"), json.dumps({"f": frame, "d": "other"}))
         assert relayed == [frame]
+
+
+class _Notified:
+    """A bus that notes each `notify`: (frames' channels, fences, ended)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], list[Fence | None], list[Fence]]] = []
+
+    async def notify(
+        self,
+        items: Sequence[tuple[str, str]],
+        fences: Sequence[Fence | None] | None = None,
+        ended: Sequence[Fence] = (),
+    ) -> None:
+        self.calls.append(([c for c, _ in items], list(fences or []), list(ended)))
+
+
+async def test_a_turns_end_goes_out_with_its_lease_to_pay_followed_or_not() -> None:
+    """`tap`: a top-level turn's end said under a lease goes through the outbox, with its
+    frame when another daemon follows the session and as the lease's mark alone when
+    none does; a sub-agent's end or a frame of a session nobody follows goes nowhere; a
+    dead owner's end said under the hold taken over carries that hold's fence, and only
+    for its own session. The bus gets the frames with their own fences, in order."""
+    bus = _Notified()
+    cluster = _cluster(bus)
+    alone, followed = Fence("s-alone", "d-1", 3), Fence("s-followed", "d-1", 5)
+    actors = {
+        "s-alone": SimpleNamespace(frame_fence=lambda: alone),
+        "s-followed": SimpleNamespace(frame_fence=lambda: followed),
+    }
+    cluster.registry = cast(Any, SimpleNamespace(actor=actors.get))
+    cluster._followers = {"s-followed": {"d-2"}}
+    publish = cluster.tap(lambda event, sid, seq, epoch: {"type": "x", "session_id": sid})
+    publish(StreamEnd(), "s-alone", 1, "e")
+    publish(StreamEnd(is_subagent=True), "s-alone", 2, "e")
+    publish(TextDelta(text="hi"), "s-alone", 3, "e")
+    publish(TextDelta(text="hi"), "s-followed", 1, "e")
+    publish(StreamEnd(), "s-followed", 2, "e")
+    with fenced(Fence("s-taken", "d-1", 7)):  # a hold of another session
+        publish(StreamEnd(), "s-no-actor", 1, "e")
+    taken = Fence("s-no-actor", "d-1", 8)
+    with fenced(taken):  # the dead owner's turn, ended under the hold taken over
+        publish(StreamEnd(), "s-no-actor", 2, "e")
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cluster._publisher)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    channel = session_channel("s-followed")
+    assert bus.calls == [([channel, channel], [followed, followed], [alone, followed, taken])]

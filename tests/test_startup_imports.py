@@ -235,6 +235,27 @@ def test_find_library_answers_pthread_only_while_trio_imports() -> None:
     assert imported_by(statement, ("trio",)) == ["trio"]
 
 
+def test_find_library_answers_other_names_truly_while_the_module_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only "pthread" is answered without asking: a name asked by the module imported
+    (here both, at its import) gets the real answer (stood in for: no ldconfig run)."""
+    import ctypes.util
+
+    from navi_trio.imports import GLIBC_PTHREAD, _glibc, import_answering_pthread
+
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: f"real {name}")
+    (tmp_path / "asks_libraries.py").write_text(
+        "import ctypes.util\nANSWERS = {n: ctypes.util.find_library(n) for n in ('pthread', 'c')}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "asks_libraries", raising=False)
+    module = import_answering_pthread("asks_libraries")
+    monkeypatch.delitem(sys.modules, "asks_libraries")
+    pthread = GLIBC_PTHREAD if sys.platform.startswith("linux") and _glibc() else "real pthread"
+    assert module.ANSWERS == {"pthread": pthread, "c": "real c"}
+
+
 def test_a_module_hidden_from_sqlite_utils_is_importable_afterwards() -> None:
     # The local backend (llama-cpp-python) needs numpy after the store has loaded.
     pytest.importorskip("numpy")

@@ -187,14 +187,32 @@ async def test_a_turn_started_again_with_nothing_to_append_owes_its_end(
             assert await b.end_owed("s-1")
             with unfenced():
                 await b.release_lease("s-1", owner="a")
-                await a.append("s-1", owes_end=True)  # no fence: no lease to owe
+                before = await a.get_session("s-1")
+                await a.append("s-1", owes_end=True)  # no fence: no lease to owe, no write
+                after = await a.get_session("s-1")
             assert not await a.end_owed("s-1")
+            assert before is not None and after is not None
+            assert after.updated_at == before.updated_at  # the session was not touched
             await b.claim_lease("s-1", owner="b", pid=ME, host=HOST, ttl=60)
             with fenced(fence_a), pytest.raises(LeaseLostError):
                 await a.append("s-1", owes_end=True)
             assert not await b.end_owed("s-1")
             assert [m["content"] for m in await a.load_messages("s-1")] == ["one"]
             assert await a.load_context("s-1") == []
+
+
+async def test_a_turns_start_that_renews_its_lease_owes_its_end_too(backend: Backend) -> None:
+    """`owes_end` with `renew`: the renewal is the fence's check, and the debt is marked
+    in the same transaction all the same (the two options are independent)."""
+    with trio.fail_after(TIMEOUT):
+        async with backend.open() as a:
+            await a.create_session("s-1", profile_id="general")
+            held = await a.claim_lease("s-1", owner="a", pid=ME, host=HOST, ttl=60)
+            with fenced(Fence("s-1", "a", held.generation)):
+                await a.append("s-1", messages=[user("one")], renew=60)
+                assert not await a.end_owed("s-1")
+                await a.append("s-1", messages=[user("two")], renew=60, owes_end=True)
+            assert await a.end_owed("s-1")
 
 
 async def test_a_fence_whose_lease_expired_untaken_still_writes(backend: Backend) -> None:
