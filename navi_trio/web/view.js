@@ -194,8 +194,15 @@ export class Transcript {
   }
 
   _on_stream_end(frame, lane) {
+    const [shown, raw] = [lane.answer, lane.raw];
     this._close(lane);
-    if (!lane.streamed && frame.text) this._answer(lane, String(frame.text));
+    const text = String(frame.text ?? "");
+    if (!lane.streamed && text) this._answer(lane, text);
+    else if (shown && raw && text !== raw && text.endsWith(raw)) {
+      // Opened mid-answer (a second tab): the words streamed before it came are in no
+      // history yet, nor after the seq it followed from. The end's text is all of them.
+      shown.replaceWith(this._whole(text));
+    }
     lane.streamed = false;
     if (frame.stopped || frame.reason === "stopped") this._stopped(lane);
     else if (frame.reason && !["complete", "error"].includes(frame.reason)) {
@@ -424,11 +431,15 @@ export class Transcript {
 
   // A whole answer at once (not streamed): rendered, with its copy buttons.
   _answer(lane, text) {
+    lane.body.append(this._whole(text));
+  }
+
+  _whole(text) {
     const a = el("div", "answer md");
     a.append(render(text));
     copyCode(a);
     copyMessage(a, text);
-    lane.body.append(a);
+    return a;
   }
 
   _stopped(lane) {
