@@ -274,6 +274,8 @@ export class Transcript {
   }
 
   _on_tool_started(frame, lane) {
+    const known = this.cards.get(String(frame.call_id));
+    if (known && known.fromHistory) return; // the history showed it already
     this._close(lane);
     const card = new ToolCard(lane.body, frame);
     this.cards.set(String(frame.call_id), card);
@@ -379,9 +381,16 @@ export class Transcript {
         }
       } else if (m.role === "tool") {
         const card = calls.get(String(m.tool_call_id));
+        calls.delete(String(m.tool_call_id));
         if (card) card.finish({ ok: !/^error\b/i.test(content), output: content });
         else this.line(`⎿ ${oneLine(content, SUMMARY_CHARS)}`, "notice");
       }
+    }
+    // A call with no result yet runs now (the page opened mid-run): its live frames
+    // (its start again, its output, its result) go to this card, not to a second one.
+    for (const [id, card] of calls) {
+      card.fromHistory = true;
+      this.cards.set(id, card);
     }
     this.main = null; // live frames of a new run start their own turn
     this._scroll();
