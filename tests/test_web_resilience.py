@@ -94,6 +94,22 @@ def test_a_second_tab_opened_mid_answer_ends_with_the_whole_answer(site: Site) -
         assert page.locator(".user").all_inner_texts() == ["count to forty"]
 
 
+def test_a_turn_that_failed_still_says_why_after_a_reload(site: Site) -> None:
+    """The history keeps a failed turn's error with its partial answer: the page shows it
+    from there as it showed it live (the answer, then why it ended), not as a stop."""
+    site.loop.add_replies({"text": "half an answer", "error_line": "the model fell over"})
+    page = site.page(signed_in=True)
+    send(page, "hello there")
+    page.wait_for_selector(".line.error >> text=the model fell over")
+    page.wait_for_selector("#stop:disabled")
+    page.reload()
+    page.wait_for_selector("#conn-state.up")
+    page.wait_for_selector(".lane.main .answer >> text=half an answer")
+    page.wait_for_selector(".line.error >> text=the model fell over")
+    assert page.locator(".line.error").count() == 1
+    assert page.locator(".line.stopped").count() == 0
+
+
 @pytest.mark.slow
 def test_a_task_that_ends_while_the_page_is_away_shows_ended_after_the_reconnect(
     site: Site,

@@ -371,7 +371,10 @@ export class Transcript {
           continue;
         }
         if (content.trim()) this._answer(lane, content);
-        if (m.partial) this._stopped(lane);
+        // A turn that failed keeps why (an LLM error, a daemon that died under it) with
+        // what it said: the reason, not a stop, as its end said live.
+        if (typeof m.error === "string" && m.error) this.error({ message: m.error }, lane);
+        else if (m.partial) this._stopped(lane);
         for (const call of m.tool_calls || []) {
           const fn = (call && call.function) || call || {};
           let args = fn.arguments;
