@@ -256,9 +256,19 @@ async def test_a_fork_is_a_new_session_of_the_sender_that_goes_on_on_its_own(
                 assert tree_of(new_folder) == after_1
                 own = await alice.request({"type": "sessions", "action": "list"})
                 assert {s["session_id"] for s in own["sessions"]} == {sid, new}
+                # The fork keeps the source's title: its first message is the same.
+                assert {s["title"] for s in own["sessions"]} == {"first"}
                 theirs = await bob.request({"type": "sessions", "action": "list"})
                 assert theirs["sessions"] == []
                 await message(alice, "go on", new)
+                own = await alice.request({"type": "sessions", "action": "list"})
+                assert {s["title"] for s in own["sessions"]} == {"first"}
+                # A fork before the first message keeps none: no title until its own.
+                first = listed["messages"][0]["message_id"]
+                empty = await alice.request({"type": "fork", "session_id": sid, "at": first})
+                own = await alice.request({"type": "sessions", "action": "list"})
+                titles = {s["session_id"]: s["title"] for s in own["sessions"]}
+                assert titles[empty["new_session_id"]] == ""
                 body = d.harness.fake.chat_requests[-1]["body"] if d.harness.fake else {}
                 users = [m["content"] for m in body["messages"] if m["role"] == "user"]
                 assert users == ["first", "go on"]

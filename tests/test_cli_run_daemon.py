@@ -151,6 +151,22 @@ async def test_ctrl_c_stops_the_daemons_run(env: dict[str, str], tmp_path: Path)
     assert saved[-1]["content"].strip() == text and text.startswith("word0 word1")
 
 
+async def test_sessions_history_says_why_a_turn_failed(env: dict[str, str], tmp_path: Path) -> None:
+    failing = {"text": "half an answer", "error_line": "the model fell over"}
+    with trio.fail_after(DEADLINE):
+        async with fake_llm(tmp_path, [failing]) as llm:
+            env = {**env, "OLLAMA_HOST": llm}
+            async with navi_forks.serving(env, llm) as proc:
+                run = await forked("run", "--url", proc.url, "hi", env=env, cwd=tmp_path)
+                sid = _session(run.err)
+                history = await forked("sessions", "history", sid, "--url", proc.url,
+                                       env=env, cwd=tmp_path)  # fmt: skip
+    assert history.code == 0, history
+    user, answer, why = history.out.splitlines()
+    assert (user, answer) == ("user: hi", "assistant: half an answer")
+    assert why.startswith("  ✗ error: ") and "the model fell over" in why
+
+
 async def test_daemon_failures_are_one_line(env: dict[str, str], tmp_path: Path) -> None:
     closed = f"ws://127.0.0.1:{unused_port()}/"
     with trio.fail_after(DEADLINE):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from navi_trio.cli import main
 from navi_trio.client.daemon import (
     TOKEN_FILE,
     ensure_daemon,
@@ -59,10 +60,42 @@ def test_the_token_comes_from_the_option_then_the_env_then_the_local_file(
 
 def test_a_bad_url_is_named() -> None:
     assert host_port("ws://127.0.0.1:8765") == ("127.0.0.1", 8765)
-    with pytest.raises(UsageError, match="expected a ws:// URL"):
+    with pytest.raises(UsageError, match="expected a ws:// or wss:// URL"):
         host_port("http://127.0.0.1:8765")
     with pytest.raises(UsageError, match="port is not a number"):
         host_port("ws://127.0.0.1:eighty")
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["sessions", "list"],
+        ["run", "hi"],
+        ["schedule", "list"],
+        ["rewind", "--session", "s-1", "--list"],
+        ["compact", "--session", "s-1"],
+        ["doctor"],
+        ["web"],
+    ],
+)
+def test_every_command_names_a_bad_url(
+    words: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The browser page's http:// address, or a port out of range, given as --url: one
+    line naming it (and the daemon's address), not the WebSocket library's ValueError."""
+    monkeypatch.setenv("NAVI_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("NAVI_DB", str(tmp_path / "navi.db"))
+    assert main([*words, "--url", "http://127.0.0.1:8765"]) == 1
+    said = capsys.readouterr().err
+    assert said == (
+        "navi: error: --url 'http://127.0.0.1:8765': expected a ws:// or wss:// URL "
+        "(the page's address is not the daemon's: ws://127.0.0.1:8765/)\n"
+    )
+    assert main([*words, "--url", "ws://127.0.0.1:99999"]) == 1
+    assert "the port is not a number from 1 to 65535" in capsys.readouterr().err
 
 
 @pytest.mark.slow

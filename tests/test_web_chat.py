@@ -233,6 +233,29 @@ def test_approve_once_runs_the_call_and_deny_refuses_the_next(site: Site, tmp_pa
     shot(page, "approvals-answered")
 
 
+def test_a_tab_opened_while_a_call_waits_shows_its_card_once(site: Site, tmp_path: Path) -> None:
+    """The call is in the history (saved before it runs) with no result yet: the live
+    result finishes that card, rather than drawing a second one for the same call."""
+    marker = tmp_path / "marker"
+    touch = {"name": "terminal", "arguments": {"action": "run", "command": f"touch {marker}"}}
+    site.loop.add_replies({"tool_calls": [touch]}, {"text": "Made it."})
+    page = site.page(signed_in=True)
+    page.select_option("#mode", "full")  # the local token is admin: terminal asks in full
+    send(page, "make the marker")
+    page.locator(".approval.waiting").wait_for()
+    sid = page.evaluate("location.hash.slice(1)")
+    other = site.page(f"{site.daemon.url}#{sid}", signed_in=True)
+    other.locator(".approval.waiting").wait_for()
+    assert other.locator(".tool").count() == 1  # from the history, still running
+    other.wait_for_selector("#stop:enabled")  # the run started before it: Stop works
+    other.locator(".approval.waiting button[data-scope='once']").click()
+    for tab in (page, other):
+        tab.wait_for_selector(".lane.main .answer >> text=Made it.")
+        assert tab.locator(".tool").count() == 1
+        assert tab.locator(".tool.ok").count() == 1
+    assert marker.exists()
+
+
 def test_stop_by_button_then_by_esc_and_the_queue_shown(site: Site) -> None:
     endless = {"text": "more words", "endless": True, "delay_chunk": 0.02}
     site.loop.add_replies(endless, endless)

@@ -71,6 +71,45 @@ def test_a_cut_socket_reconnects_and_every_frame_shows_once(site: Site) -> None:
     shot(page, "reconnected")
 
 
+def test_a_second_tab_opened_mid_answer_ends_with_the_whole_answer(site: Site) -> None:
+    """The words streamed before a tab opened the session are in no history yet (the
+    answer is saved at its end) and before the seq it subscribed from: the run's end,
+    which carries the whole answer, shows it whole, once."""
+    words = _words(40)
+    site.loop.add_replies({"text": " ".join(words)})
+    release = site.loop.call(site.loop.llm.hold_after, 10)  # until the second tab is open
+    first = site.page(signed_in=True)
+    send(first, "count to forty")
+    first.wait_for_selector(".lane.main .answer >> text=w10")
+    sid = first.evaluate("location.hash.slice(1)")
+    second = site.page(f"{site.daemon.url}#{sid}", signed_in=True)
+    second.wait_for_selector(".user >> text=count to forty")
+    site.loop.call(release.set)
+    for page in (first, second):
+        page.wait_for_selector(".lane.main .answer >> text=w40")
+    second.wait_for_selector(".lane.main .answer >> text=/^w1 w2/")
+    for page in (first, second):
+        assert answer_text(page).split() == words
+        assert page.locator(".lane.main > .answer").count() == 1
+        assert page.locator(".user").all_inner_texts() == ["count to forty"]
+
+
+def test_a_turn_that_failed_still_says_why_after_a_reload(site: Site) -> None:
+    """The history keeps a failed turn's error with its partial answer: the page shows it
+    from there as it showed it live (the answer, then why it ended), not as a stop."""
+    site.loop.add_replies({"text": "half an answer", "error_line": "the model fell over"})
+    page = site.page(signed_in=True)
+    send(page, "hello there")
+    page.wait_for_selector(".line.error >> text=the model fell over")
+    page.wait_for_selector("#stop:disabled")
+    page.reload()
+    page.wait_for_selector("#conn-state.up")
+    page.wait_for_selector(".lane.main .answer >> text=half an answer")
+    page.wait_for_selector(".line.error >> text=the model fell over")
+    assert page.locator(".line.error").count() == 1
+    assert page.locator(".line.stopped").count() == 0
+
+
 @pytest.mark.slow
 def test_a_task_that_ends_while_the_page_is_away_shows_ended_after_the_reconnect(
     site: Site,

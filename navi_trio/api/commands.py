@@ -302,11 +302,12 @@ class Commands:
         await self._owned(cmd.session_id)
         actor = await self._actor(cmd.session_id)
         # The ok goes out before the replay: the client knows its request was taken. It
-        # carries the approval requests still waiting, which a replay may no longer hold.
+        # carries the approval requests still waiting, which a replay may no longer hold,
+        # and whether a run is active (busy, as the sessions list says it): a client that
+        # joins it after its start may have no frame of it to tell (a call waiting).
         waiting = [event_to_dict(e) for e in self.rt.approvals.waiting(cmd.session_id)]
-        await self.conn.send(
-            reply(rid, "ok", session_id=cmd.session_id, seq=actor.seq, approvals=waiting)
-        )
+        now = {"seq": actor.seq, "approvals": waiting, "busy": actor.busy}
+        await self.conn.send(reply(rid, "ok", session_id=cmd.session_id, **now))
         self.conn.subscribe(actor, cmd.last_seq, cmd.epoch)
 
     async def _unsubscribe(self, rid: RequestId, cmd: Unsubscribe) -> None:

@@ -205,7 +205,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # Imported here: the doctor pulls in much that `navi run` / `navi serve` do not need.
     from navi_trio.cli.doctor import collect_doctor, print_doctor
+    from navi_trio.client.daemon import host_port
 
+    host_port(args.url)  # a bad --url is named here, not by the WebSocket library
     settings = load_settings(args)
     configured = backend_configured(os.environ, given=llm_given(args))
     report = trio.run(

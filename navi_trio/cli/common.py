@@ -165,8 +165,11 @@ def run_target(args: argparse.Namespace, settings: Settings) -> RunTarget:
     """Where a command's requests go (`RunTarget`: its --url and --token, and whether an
     option configures a private daemon); --url with such an option is refused."""
     from navi_trio.api.endpoint import RunTarget
+    from navi_trio.client.daemon import host_port
 
     explicit = getattr(args, "url", None) is not None
+    if explicit:
+        host_port(args.url)  # a bad --url is named here, not by the WebSocket library
     embedded = [o for o in EMBEDDED_OPTIONS if getattr(args, o, None) not in (None, False)]
     if explicit and embedded:
         names = ", ".join("--" + o.replace("_", "-") for o in embedded)

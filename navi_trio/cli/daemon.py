@@ -318,6 +318,10 @@ def cmd_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             content = m.get("content")
             text = content if isinstance(content, str) else json.dumps(content)
             print(terminal_safe(f"{m.get('role', '?')}: {text}"), file=out)
+            error = m.get("error")
+            if m.get("role") == "assistant" and isinstance(error, str) and error:
+                # Why the turn failed (an LLM error, a daemon that died under it).
+                print(terminal_safe(f"  ✗ error: {error}"), file=out)
     else:
         print(f"session {args.session_id} deleted", file=out)
     return 0

@@ -16,7 +16,6 @@ import trio
 
 from navi_trio import wire
 from navi_trio.cli.common import EXIT_ERROR, EXIT_OK, load_settings
-from navi_trio.errors import UsageError
 from navi_trio.settings import Settings
 
 PROBE_TIMEOUT = 2.0
@@ -24,9 +23,10 @@ PROBE_TIMEOUT = 2.0
 
 def page_address(ws_url: str, code: str) -> str:
     """The page's http(s) address of the daemon at `ws_url`, the code in its fragment."""
+    from navi_trio.client.daemon import host_port
+
+    host_port(ws_url)  # UsageError naming what is wrong with it
     parts = urlsplit(ws_url)
-    if parts.scheme not in ("ws", "wss") or not parts.netloc:
-        raise UsageError(f"--url must be a ws:// or wss:// address, not {ws_url[:80]!r}")
     scheme = "https" if parts.scheme == "wss" else "http"
     return urlunsplit((scheme, parts.netloc, "/", "", f"signin={code}"))
 

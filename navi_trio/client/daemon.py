@@ -74,13 +74,19 @@ def token_hint(data_dir: Path, given: bool) -> str:
 
 
 def host_port(url: str) -> tuple[str, int]:
+    """The host and port of the daemon at `url` (--url); `UsageError` naming what is
+    wrong with it when it is not a ws:// or wss:// address."""
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        raise UsageError(f"--url {url!r}: expected a ws:// URL such as ws://127.0.0.1:8765")
+        hint = "such as ws://127.0.0.1:8765"
+        if parts.scheme in ("http", "https") and parts.netloc:  # the browser page's address
+            ws = "wss" if parts.scheme == "https" else "ws"
+            hint = f"(the page's address is not the daemon's: {ws}://{parts.netloc}/)"
+        raise UsageError(f"--url {url[:80]!r}: expected a ws:// or wss:// URL {hint}")
     try:
         port = parts.port or (443 if parts.scheme == "wss" else 80)
     except ValueError:
-        raise UsageError(f"--url {url!r}: the port is not a number") from None
+        raise UsageError(f"--url {url[:80]!r}: the port is not a number from 1 to 65535") from None
     return parts.hostname, port
 
 

@@ -133,6 +133,8 @@ function onFrame(frame) {
     case "task_update": return onTaskUpdate(frame);
     case "ok":
       if (Array.isArray(frame.approvals) && frame.session_id === state.sid) transcript.waiting(frame.approvals);
+      // A run that started before this page followed the session: Stop works on it too.
+      if (what && what.kind === "subscribe" && frame.session_id === state.sid && frame.busy === true) setBusy(true);
       if (frame.approved && (frame.scope === "session" || frame.scope === "always")) loadGrants();
       // A new session's title is saved by the time its first message's ok comes: the
       // list asked for at its creation had none yet.

@@ -194,8 +194,15 @@ export class Transcript {
   }
 
   _on_stream_end(frame, lane) {
+    const [shown, raw] = [lane.answer, lane.raw];
     this._close(lane);
-    if (!lane.streamed && frame.text) this._answer(lane, String(frame.text));
+    const text = String(frame.text ?? "");
+    if (!lane.streamed && text) this._answer(lane, text);
+    else if (shown && raw && text !== raw && text.endsWith(raw)) {
+      // Opened mid-answer (a second tab): the words streamed before it came are in no
+      // history yet, nor after the seq it followed from. The end's text is all of them.
+      shown.replaceWith(this._whole(text));
+    }
     lane.streamed = false;
     if (frame.stopped || frame.reason === "stopped") this._stopped(lane);
     else if (frame.reason && !["complete", "error"].includes(frame.reason)) {
@@ -267,6 +274,8 @@ export class Transcript {
   }
 
   _on_tool_started(frame, lane) {
+    const known = this.cards.get(String(frame.call_id));
+    if (known && known.fromHistory) return; // the history showed it already
     this._close(lane);
     const card = new ToolCard(lane.body, frame);
     this.cards.set(String(frame.call_id), card);
@@ -362,7 +371,10 @@ export class Transcript {
           continue;
         }
         if (content.trim()) this._answer(lane, content);
-        if (m.partial) this._stopped(lane);
+        // A turn that failed keeps why (an LLM error, a daemon that died under it) with
+        // what it said: the reason, not a stop, as its end said live.
+        if (typeof m.error === "string" && m.error) this.error({ message: m.error }, lane);
+        else if (m.partial) this._stopped(lane);
         for (const call of m.tool_calls || []) {
           const fn = (call && call.function) || call || {};
           let args = fn.arguments;
@@ -372,9 +384,16 @@ export class Transcript {
         }
       } else if (m.role === "tool") {
         const card = calls.get(String(m.tool_call_id));
+        calls.delete(String(m.tool_call_id));
         if (card) card.finish({ ok: !/^error\b/i.test(content), output: content });
         else this.line(`⎿ ${oneLine(content, SUMMARY_CHARS)}`, "notice");
       }
+    }
+    // A call with no result yet runs now (the page opened mid-run): its live frames
+    // (its start again, its output, its result) go to this card, not to a second one.
+    for (const [id, card] of calls) {
+      card.fromHistory = true;
+      this.cards.set(id, card);
     }
     this.main = null; // live frames of a new run start their own turn
     this._scroll();
@@ -424,11 +443,15 @@ export class Transcript {
 
   // A whole answer at once (not streamed): rendered, with its copy buttons.
   _answer(lane, text) {
+    lane.body.append(this._whole(text));
+  }
+
+  _whole(text) {
     const a = el("div", "answer md");
     a.append(render(text));
     copyCode(a);
     copyMessage(a, text);
-    lane.body.append(a);
+    return a;
   }
 
   _stopped(lane) {

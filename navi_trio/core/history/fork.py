@@ -140,7 +140,12 @@ class Forker:
             mode = _mode(history) or row.meta.get("mode")
             if mode:
                 meta["mode"] = mode
-            await self.store.update_session(new_id, profile_id=row.profile_id, meta=meta)
+            # The source's title (its first message's, or the name it was given) when the
+            # fork keeps that message; else the fork's own first message will give one.
+            title = row.title if history else None
+            await self.store.update_session(
+                new_id, profile_id=row.profile_id, title=title, meta=meta
+            )
             await self.store.append(new_id, messages=history, context=new_context)
         except BaseException:
             with trio.CancelScope(shield=True):
