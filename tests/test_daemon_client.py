@@ -33,6 +33,7 @@ from navi_trio.api.protocol import COMMANDS
 from navi_trio.core.session.broadcast import SUBSCRIBER_BUFFER
 from navi_trio.errors import DaemonUnreachableError, RemoteError
 from navi_trio.events import TextDelta, ThinkingDelta
+from navi_trio.testing import open_fake_llm
 
 TIMEOUT = 30
 Frame = dict[str, Any]
@@ -72,6 +73,20 @@ async def test_nothing_listening_is_daemon_unreachable_saying_what_to_do() -> No
             pytest.fail("connected to nothing")
     assert str(caught.value).startswith(f"no daemon answers at {url}: start one with `navi serve`")
     assert caught.value.reason and caught.value.__suppress_context__  # raised from None
+
+
+async def test_a_server_that_is_not_a_daemon_is_named_as_such() -> None:
+    """A `--url` at some other HTTP server (the fake LLM here): said plainly, not as
+    trio-websocket's `ConnectionRejected` with its headers and body."""
+    with trio.fail_after(TIMEOUT):
+        async with open_fake_llm([]) as server:
+            url = server.url.replace("http://", "ws://") + "/"
+            with pytest.raises(DaemonUnreachableError) as caught:
+                async with open_daemon(url, "t"):
+                    pytest.fail("connected to an HTTP server")
+    message = str(caught.value)
+    assert message.startswith(f"{url} is not a navi daemon (it answered the WebSocket handshake")
+    assert "HTTP 200" in message and "ConnectionRejected" not in message
 
 
 async def test_a_server_that_never_finishes_the_handshake_is_given_up_on_in_time(

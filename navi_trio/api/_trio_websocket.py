@@ -25,6 +25,7 @@ import_standing_in("trio_websocket", "importlib.metadata", version=_version)
 
 from trio_websocket import CloseReason as CloseReason  # noqa: E402 - loaded by the line above
 from trio_websocket import ConnectionClosed as ConnectionClosed  # noqa: E402
+from trio_websocket import ConnectionRejected as ConnectionRejected  # noqa: E402
 from trio_websocket import HandshakeError as HandshakeError  # noqa: E402
 from trio_websocket import WebSocketConnection as WebSocketConnection  # noqa: E402
 from trio_websocket import WebSocketRequest as WebSocketRequest  # noqa: E402

@@ -473,6 +473,13 @@ async def open_daemon(
         if phase == "closing":  # the caller's work is done; the close handshake is not
             log.debug("closing the connection to %s: %s", url, _reason(exc))
             return
+        from navi_trio.api._trio_websocket import ConnectionRejected
+
+        if isinstance(exc, ConnectionRejected):  # a server, but no WebSocket: not navi's
+            reason = f"it answered the WebSocket handshake with HTTP {exc.status_code}"
+            raise DaemonUnreachableError(
+                f"{url} is not a navi daemon ({reason}): check --url", reason=reason
+            ) from None
         reason = _reason(exc)
         raise DaemonUnreachableError(
             f"no daemon answers at {url}: start one with `navi serve` ({reason})", reason=reason
