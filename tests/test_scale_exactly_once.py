@@ -77,6 +77,7 @@ class Sender:
     sent: list[str] = attrs.field(factory=list)
     acked: list[str] = attrs.field(factory=list)
     refused: list[str] = attrs.field(factory=list)
+    pauses: int = 0  # times its daemon was paused past its lease (`pause_the_owner`)
     # Taken by a send until its reply comes (released by the task that sends, so a
     # semaphore: a lock belongs to the task that took it).
     lock: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(1))
@@ -91,6 +92,7 @@ class Sender:
         await self._send_held(sid, text)
 
     async def _send_held(self, sid: str, text: str) -> None:
+        pauses = self.pauses
         try:
             self.sent.append(text)
             reply = await self.client.request(
@@ -101,7 +103,11 @@ class Sender:
         if reply["type"] == "ok":
             self.acked.append(text)
         else:
-            assert reply["type"] == "error" and reply["code"] == "session_busy", reply
+            # Busy, or, to a daemon paused while it handled the message, the database
+            # gone from under it: the server ended the paused transaction (its idle
+            # timeout), and the daemon answers what it could not do.
+            lost = reply.get("code") == "storage" and self.pauses != pauses
+            assert reply["type"] == "error" and (reply["code"] == "session_busy" or lost), reply
             self.refused.append(text)
 
     async def idle(self) -> None:
@@ -144,6 +150,8 @@ async def pause_the_owner(
     other = next((s for s in senders if s.daemon is not owner), None)
     if row is None or owner is None or other is None or float(row[2]) <= float(row[4]):
         return
+    for sender in senders:
+        sender.pauses += sender.daemon is owner
     os.kill(owner.pid, signal.SIGSTOP)
     try:
         # Paused, whatever it still holds runs out (not what it let go meanwhile, nor
