@@ -566,10 +566,9 @@ async def serving(
         yield proc
     finally:
         await proc.end()
-        with trio.CancelScope(shield=True):
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
-                    await stream.aclose()
+        if stdio is not None:  # the pipe made here; a caller's pipes stay theirs to read
+            with trio.CancelScope(shield=True):
+                await proc.stdout.aclose()
 
 
 class Terminal:
