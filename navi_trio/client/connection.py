@@ -17,6 +17,9 @@ import attrs
 import trio
 
 from navi_trio.api.daemon_client import DaemonConnection, open_daemon
+from navi_trio.api.redial import BACKOFF_FIRST as BACKOFF_FIRST  # one reconnect policy
+from navi_trio.api.redial import BACKOFF_MAX
+from navi_trio.api.redial import RETRIES as RETRIES
 from navi_trio.backoff import backoff_delay
 from navi_trio.errors import DaemonUnreachableError, RemoteError
 from navi_trio.wire import Frame
@@ -24,15 +27,12 @@ from navi_trio.wire import Frame
 CONNECT_TIMEOUT = 5.0
 WELCOME_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 2.0
-RETRIES = 6
 # What a reconnect sends at once (the subscribe, the tasks list, the messages sent again),
 # then one frame per 1/RESUME_PER_SEC s: within the daemon's frame limits (its defaults:
 # a burst of 40, 20 a second, NAVI_WS_FRAMES_BURST / _PER_SEC), leaving room for the
 # frames the chat sends meanwhile, so no resent message is refused as rate_limited.
 RESUME_BURST = 30
 RESUME_PER_SEC = 10.0
-BACKOFF_FIRST = 0.5
-BACKOFF_MAX = 8.0
 TOKEN_HINT = "pass --token, set NAVI_TOKEN, or use the local-token file `navi serve` writes"
 
 
